@@ -1,0 +1,40 @@
+# The command surface of orpo_lib. Every target does its own set-up on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help setup test notebooks figures bench lab ui-test strip clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+setup: $(STAMP)  ## create .venv with the package, notebook and test extras (CPU torch)
+
+test: $(STAMP)  ## run the test suite (CPU: Triton kernels through the interpreter)
+	$(PY) -m pytest -q
+
+notebooks: $(STAMP)  ## execute every notebook headless into build/notebooks and write the figures
+	$(PY) -m orpo_lib.notebooks --out build/notebooks
+
+figures: $(STAMP)  ## rebuild figures/ from the measured data in figures/data (no GPU needed)
+	$(PY) -m orpo_lib.figures
+
+bench: $(STAMP)  ## benchmark floor / baseline / fused (/ liger) and record to figures/data
+	$(PY) -m orpo_lib.bench
+
+lab: $(STAMP)  ## open the workbook in JupyterLab
+	$(PY) -m jupyter lab notebooks
+
+strip: $(STAMP)  ## strip outputs from the committed notebooks
+	$(VENV)/bin/nbstripout --extra-keys "metadata.papermill cell.metadata.papermill" notebooks/*.ipynb
+
+clean:  ## remove build outputs (keeps .venv)
+	rm -rf build .pytest_cache
