@@ -1,0 +1,355 @@
+"""Fused linear + ORPO loss: the loss and its gradients in chunks, never materialising (B*T, V) logits.
+
+How one chunk of C token rows is processed (G is dL/dlogits, P the softmax, X the chunk's hidden rows):
+
+1. ``logits = X @ W.T (+ bias)`` into a C×V buffer (cuBLAS).
+2. ``row_stats_kernel``: log-sum-exp, target log-probs and logit sums per row, and the buffer
+   rewritten in place into P. None of this depends on the other sequence of the pair.
+3. Pair coefficients, once every row of the chunk's pairs has its log-prob: for token i,
+   ``a_i = dL/dlogp_i`` of the odds-ratio target, ``b_i`` that of the NLL target, so that
+   ``G_i = a_i·onehot(y_i) + b_i·onehot(y'_i) - s_i·P_i`` with ``s_i = a_i + b_i``.
+4. Writing ``G = -s ⊙ Q`` with ``Q = P - (a/s)·onehot(y) - (b/s)·onehot(y')``, only the (at most two)
+   target columns of each row change: ``write_target_grads_kernel`` sets them from the float32
+   log-probs (precise even when p ≈ 1). The per-row scale -s goes onto the small operands:
+   ``dX = -s ⊙ (Q @ W)`` and ``dW += Q.T @ (-s ⊙ X)``.
+
+So the buffer is read once and written once between the GEMMs: three GEMMs and one pass over the
+logits. Chunks hold whole (chosen, rejected) pairs; a pair longer than the chunk is processed in
+two passes (statistics, then recomputed logits and gradients). Tokens no target needs are dropped
+before any GEMM. The gradients are formed during forward; the last chunk's dX and dW GEMMs wait for
+backward so that the upstream gradient folds into them.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from . import kernels
+from .output import ORPOOutput, orpo_output
+from .pairs import odds_ratio_terms
+from .validation import TokenCounts, check_arguments, count_tokens
+
+# Rows per chunk by default: large enough that every GEMM runs at full rate, small enough that
+# the C×V buffer stays near 1 GiB at V = 128K in bf16. A pair longer than this gets a chunk of its own.
+DEFAULT_CHUNK_ROWS = 4096
+# The most bytes of logits the automatic choice lets exist at once.
+LOGITS_BUDGET_BYTES = 8 << 30
+
+
+@dataclass
+class ChunkGroup:
+    """Whole pairs [first_pair, end_pair) whose rows [blocks[0][0], blocks[-1][1]) are processed together."""
+
+    first_pair: int
+    end_pair: int
+    blocks: list  # (start_row, end_row) ranges of at most chunk_rows rows; more than one → two passes
+
+
+def plan_chunks(pair_rows: list, chunk_rows: int) -> list:
+    """Pack pairs greedily into groups of at most ``chunk_rows`` rows; split a pair that alone exceeds it."""
+    groups, first_pair, first_row, row = [], 0, 0, 0
+    for pair, rows in enumerate(pair_rows):
+        if row > first_row and row - first_row + rows > chunk_rows:
+            groups.append(ChunkGroup(first_pair, pair, [(first_row, row)]))
+            first_pair, first_row = pair, row
+        row += rows
+        if row - first_row > chunk_rows:
+            blocks = [(r, min(r + chunk_rows, row)) for r in range(first_row, row, chunk_rows)]
+            groups.append(ChunkGroup(first_pair, pair + 1, blocks))
+            first_pair, first_row = pair + 1, row
+    if row > first_row:
+        groups.append(ChunkGroup(first_pair, len(pair_rows), [(first_row, row)]))
+    return groups
+
+
+def auto_chunk_rows(largest_pair_rows: int, vocab: int, itemsize: int, device: torch.device) -> int:
+    """``DEFAULT_CHUNK_ROWS``, or one whole pair if longer, within the logits budget (and a quarter of free memory)."""
+    budget = LOGITS_BUDGET_BYTES
+    if device.type == "cuda":
+        budget = min(budget, torch.cuda.mem_get_info(device)[0] // 4)
+    fitting_rows = max(1, budget // (vocab * itemsize))
+    return min(max(DEFAULT_CHUNK_ROWS, largest_pair_rows), fitting_rows)
+
+
+def _mm(a, b, out_dtype=torch.float32):
+    """a @ b with an ``out_dtype`` result (products accumulate in float32 whatever the operand dtype)."""
+    if a.dtype == out_dtype:
+        return torch.mm(a, b)
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=out_dtype)
+    return torch.mm(a.to(out_dtype), b.to(out_dtype))
+
+
+def _addmm_(acc, a, b):
+    """acc += a @ b, accumulating in acc's dtype."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif a.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+@dataclass
+class _Block:
+    rows: torch.Tensor  # (C,) flattened token index of each row
+    x: torch.Tensor  # (C, H) the rows of hidden
+    logits: torch.Tensor  # (C, V) view of the chunk buffer
+    target: torch.Tensor  # (C,) int32, -1 where ignored
+    nll_target: torch.Tensor  # (C,) int32, -1 where ignored
+    row_scale: torch.Tensor = None  # (C,) fp32: -s, so that G = row_scale ⊙ Q
+
+
+class ChunkedORPO:
+    """One call of the fused loss: forward() runs the chunks, backward(g) finishes the gradients."""
+
+    def __init__(self, hidden, weight, bias, target, nll_target, counts: TokenCounts, *, beta,
+                 compute_nll_loss, chunk_size, fp32_weight_grad, needs_grad):
+        self.hidden, self.weight, self.bias = hidden, weight, bias
+        self.beta, self.compute_nll_loss = beta, compute_nll_loss
+        self.grad_hidden, self.grad_weight, self.grad_bias = needs_grad
+        self.needs_grad = any(needs_grad)
+        batch, seq, hidden_size = hidden.shape
+        self.batch, self.seq, self.pairs = batch, seq, batch // 2
+        vocab = weight.shape[0]
+        device, dtype = hidden.device, hidden.dtype
+        tokens = batch * seq
+
+        nll_labels = target if nll_target is None else nll_target
+        self.target = torch.where(counts.target_valid, target, -1).to(torch.int32).view(-1)
+        self.nll_target = torch.where(counts.nll_valid, nll_labels, -1).to(torch.int32).view(-1)
+        self.tokens_per_seq = torch.tensor(counts.target_per_seq, device=device, dtype=torch.float32)
+        self.nll_tokens = counts.nll_tokens
+
+        # Rows in pair order (chosen i, then rejected i), without the tokens no target needs.
+        pair_order = torch.arange(tokens, device=device).view(2, self.pairs, seq).transpose(0, 1).reshape(-1)
+        self.dropped = sum(counts.kept_per_seq) < tokens
+        if self.dropped:
+            self.kept_mask = counts.target_valid | counts.nll_valid
+            pair_order = pair_order[self.kept_mask.view(-1)[pair_order]]
+        self.row_tokens = pair_order
+        pair_rows = [counts.kept_per_seq[i] + counts.kept_per_seq[i + self.pairs] for i in range(self.pairs)]
+
+        chunk_rows = chunk_size or auto_chunk_rows(max(pair_rows), vocab, hidden.element_size(), device)
+        if self.needs_grad:
+            self.groups = plan_chunks(pair_rows, chunk_rows)
+        else:  # statistics need no whole pairs
+            total = len(pair_order)
+            self.groups = [ChunkGroup(0, 0, [(r, min(r + chunk_rows, total))]) for r in range(0, total, chunk_rows)]
+        largest_block = max(end - start for g in self.groups for start, end in g.blocks)
+        self.buffer = torch.empty(largest_block, vocab, device=device, dtype=dtype)
+
+        self.logp = torch.zeros(tokens, device=device, dtype=torch.float32)
+        self.nll_logp = torch.zeros_like(self.logp)
+        self.logit_sum = torch.zeros_like(self.logp)
+        self.seq_coef = torch.zeros(batch, device=device, dtype=torch.float32)  # dL/dlogp per token
+
+        n_blocks = sum(len(g.blocks) for g in self.groups)
+        self.single_block = n_blocks == 1
+        self.dx = None
+        if self.grad_hidden:
+            alloc = torch.zeros if self.dropped else torch.empty  # dropped rows get no gradient rows
+            self.dx = alloc(tokens, hidden_size, device=device, dtype=dtype)
+        self.dw = None
+        self.dw_dtype = torch.float32 if fp32_weight_grad else dtype
+        self.db = torch.zeros(vocab, device=device, dtype=torch.float32) if self.grad_bias else None
+        self.pending = None
+
+    # ---- forward -----------------------------------------------------------------------------
+
+    def forward(self):
+        for group in self.groups:
+            two_pass = len(group.blocks) > 1
+            if two_pass:
+                for block in group.blocks:
+                    kernels.row_stats(**self._stats_args(self._logits(block)), write_probs=False)
+            else:
+                block = self._logits(group.blocks[0])
+                kernels.row_stats(**self._stats_args(block), write_probs=self.needs_grad)
+            if not self.needs_grad:
+                continue
+            self._pair_coefficients(group)
+            for i, span in enumerate(group.blocks):
+                if two_pass:
+                    block = self._logits(span)
+                    kernels.row_stats(**self._stats_args(block), write_probs=True)
+                self._write_target_columns(block)
+                if group is self.groups[-1] and i == len(group.blocks) - 1:
+                    self.pending = block  # its dX/dW GEMMs run in backward, with the upstream scale
+                else:
+                    self._block_grads(block)
+        if not self.needs_grad:
+            self.buffer = None
+        return self._metrics()
+
+    def _logits(self, span) -> _Block:
+        rows = self.row_tokens[span[0]:span[1]]
+        x = self.hidden[rows // self.seq, rows % self.seq]
+        logits = self.buffer[: len(rows)]
+        if self.bias is None:
+            torch.mm(x, self.weight.t(), out=logits)
+        else:
+            torch.addmm(self.bias, x, self.weight.t(), out=logits)
+        return _Block(rows, x, logits, self.target[rows], self.nll_target[rows])
+
+    def _stats_args(self, block: _Block) -> dict:
+        return dict(logits=block.logits, target=block.target, nll_target=block.nll_target, token=block.rows,
+                    logp=self.logp, nll_logp=self.nll_logp, logit_sum=self.logit_sum)
+
+    def _sequence_logps(self, pairs: slice):
+        per_token = self.logp.view(self.batch, self.seq)
+        chosen = slice(pairs.start, pairs.stop)
+        rejected = slice(pairs.start + self.pairs, pairs.stop + self.pairs)
+        c = per_token[chosen].sum(1) / self.tokens_per_seq[chosen]
+        r = per_token[rejected].sum(1) / self.tokens_per_seq[rejected]
+        return c, r, chosen, rejected
+
+    def _pair_coefficients(self, group: ChunkGroup) -> None:
+        c, r, chosen, rejected = self._sequence_logps(slice(group.first_pair, group.end_pair))
+        _, _, d_chosen, d_rejected = odds_ratio_terms(c, r, self.beta)
+        # The loss is the mean over all pairs of the batch, and c, r are means over their tokens.
+        self.seq_coef[chosen] = (d_chosen / self.pairs).float() / self.tokens_per_seq[chosen]
+        self.seq_coef[rejected] = (d_rejected / self.pairs).float() / self.tokens_per_seq[rejected]
+
+    def _write_target_columns(self, block: _Block) -> None:
+        has_target = block.target >= 0
+        has_nll = block.nll_target >= 0
+        a = torch.where(has_target, self.seq_coef[block.rows // self.seq], 0.0)
+        b = torch.where(has_nll, -1.0 / self.nll_tokens, 0.0) if self.compute_nll_loss else torch.zeros_like(a)
+        s = a + b  # a and b never have opposite signs, so s = 0 only where the row has no gradient
+        inv_s = 1.0 / torch.where(s == 0, 1.0, s)
+        ratio_a, ratio_b = a * inv_s, b * inv_s
+        same_column = block.nll_target == block.target
+        # Q[y] = p_y - a/s (- b/s when both targets share the column), with p_y = 1 + expm1(log p_y).
+        target_value = (1.0 - ratio_a - torch.where(same_column, ratio_b, 0.0)) + torch.expm1(self.logp[block.rows])
+        nll_value = (1.0 - ratio_b) + torch.expm1(self.nll_logp[block.rows])
+        kernels.write_target_grads(block.logits, block.target, block.nll_target, target_value, nll_value)
+        block.row_scale = -s
+
+    def _block_grads(self, block: _Block, upstream=None) -> None:
+        """dX rows, dW and dbias contributions of one chunk; ``upstream`` folds in the loss gradient."""
+        q = block.logits
+        scale = block.row_scale if upstream is None else block.row_scale * upstream
+        if self.grad_hidden:
+            dx_rows = _mm(q, self.weight) * scale[:, None]
+            self.dx.index_copy_(0, block.rows, dx_rows.to(self.dx.dtype))
+        if self.grad_weight:
+            if self.single_block:  # the whole dW in one GEMM, in the weight's dtype, upstream included
+                self.dw = torch.mm(q.t(), (block.x.float() * scale[:, None]).to(q.dtype))
+            else:
+                scaled_x = (block.x.float() * block.row_scale[:, None]).to(q.dtype)
+                if self.dw is None:
+                    self.dw = _mm(q.t(), scaled_x, self.dw_dtype)
+                else:
+                    _addmm_(self.dw, q.t(), scaled_x)
+        if self.grad_bias:
+            self.db += _mm(q.t(), block.row_scale[:, None].to(q.dtype)).view(-1)
+
+    def _metrics(self):
+        c, r, _, _ = self._sequence_logps(slice(0, self.pairs))
+        pair_loss, log_odds, _, _ = odds_ratio_terms(c, r, self.beta)
+        or_loss = pair_loss.mean().float()
+        if self.compute_nll_loss:
+            nll_loss = -self.nll_logp.sum() / self.nll_tokens
+        else:
+            nll_loss = torch.zeros((), device=c.device)
+        loss = nll_loss + or_loss
+        logit_sums = self.logit_sum.view(2, -1).sum(1)
+        if self.dropped:
+            logit_sums = logit_sums + self._dropped_logit_sums()
+        logits_per_half = self.pairs * self.seq * self.weight.shape[0]
+        means = logit_sums / logits_per_half
+        return loss, nll_loss, or_loss, c, r, log_odds, means
+
+    def _dropped_logit_sums(self):
+        """Sum of the logits of the dropped rows, per half, without computing them: sum_v logits = h·sum_v W + sum(b)."""
+        dropped = (~self.kept_mask).to(self.hidden.dtype)
+        hidden_sums = torch.bmm(dropped.unsqueeze(1), self.hidden).view(2, self.pairs, -1).float().sum(1)
+        sums = hidden_sums @ self.weight.sum(0, dtype=torch.float32)
+        if self.bias is not None:
+            sums = sums + dropped.view(2, -1).float().sum(1) * self.bias.sum(dtype=torch.float32)
+        return sums
+
+    # ---- backward ----------------------------------------------------------------------------
+
+    def backward(self, grad_loss):
+        if self.dx is not None and not self.single_block:
+            self.dx.mul_(grad_loss)
+        self._block_grads(self.pending, upstream=grad_loss)
+        self.pending = self.buffer = None
+        dw = self.dw
+        if dw is not None and not self.single_block:
+            if dw.dtype == self.weight.dtype:
+                dw.mul_(grad_loss)
+            else:  # fold the upstream gradient into the float32 → weight dtype conversion
+                dw = torch.mul(self.dw, grad_loss, out=torch.empty_like(self.weight))
+            self.dw = None
+        db = None if self.db is None else (self.db * grad_loss).to(self.bias.dtype)
+        dx = None if self.dx is None else self.dx.view(self.hidden.shape)
+        return dx, dw, db
+
+
+class _FusedLinearORPOFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, nll_target, counts, options):
+        run = ChunkedORPO(hidden, weight, bias, target, nll_target, counts, **options)
+        loss, nll_loss, or_loss, c, r, log_odds, logits_means = run.forward()
+        ctx.run = run if run.needs_grad else None
+        ctx.mark_non_differentiable(nll_loss, or_loss, c, r, log_odds, logits_means)
+        return loss, nll_loss, or_loss, c, r, log_odds, logits_means
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss, *_unused):
+        if ctx.run is None:
+            raise RuntimeError("fused_linear_orpo_loss: backward can run only once per forward")
+        dx, dw, db = ctx.run.backward(grad_loss)
+        ctx.run = None
+        return dx, dw, db, None, None, None, None
+
+
+def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignore_index=-100, nll_target=None,
+                           compute_nll_loss=True, chunk_size=None, fp32_weight_grad=True) -> ORPOOutput:
+    """ORPO loss of ``hidden @ weight.T (+ bias)`` without materialising the logits.
+
+    hidden: (B, T, H), rows [0, B/2) the chosen responses and [B/2, B) the rejected ones (pair i
+    is rows i and i + B/2); weight: (V, H); target: (B, T) token ids, already shifted,
+    ``ignore_index`` where a position does not count; nll_target: optional labels for the NLL term
+    (default: ``target``); chunk_size: the most token rows whose logits exist at once (None: chosen
+    from a memory budget); fp32_weight_grad: accumulate dW across chunks in float32 (False: in the
+    weight's dtype, which saves V×H×4 bytes at some cost in precision).
+
+    Gradients flow to hidden, weight and bias, each only if it requires grad.
+    """
+    check_arguments(hidden, weight, target, bias, nll_target, beta=beta, chunk_size=chunk_size)
+    if hidden.device.type == "cpu" and not kernels.INTERPRET:
+        raise ValueError("hidden is on the CPU, but the Triton kernels were compiled for the GPU: move the "
+                         "tensors to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
+    counts = count_tokens(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss)
+    grad_on = torch.is_grad_enabled()
+    needs_grad = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+                  grad_on and bias is not None and bias.requires_grad)
+    options = dict(beta=float(beta), compute_nll_loss=compute_nll_loss, chunk_size=chunk_size,
+                   fp32_weight_grad=fp32_weight_grad, needs_grad=needs_grad)
+    loss, nll_loss, or_loss, c, r, log_odds, logits_means = _FusedLinearORPOFunction.apply(
+        hidden, weight, bias, target, nll_target, counts, options)
+    return orpo_output(loss, nll_loss, or_loss, c, r, log_odds, beta=beta,
+                       chosen_logits_mean=logits_means[0], rejected_logits_mean=logits_means[1])
+
+
+class FusedLinearORPOLoss(torch.nn.Module):
+    """``fused_linear_orpo_loss`` with its options held by the module."""
+
+    def __init__(self, beta=0.1, ignore_index=-100, compute_nll_loss=True, chunk_size=None, fp32_weight_grad=True):
+        super().__init__()
+        self.beta, self.ignore_index, self.compute_nll_loss = beta, ignore_index, compute_nll_loss
+        self.chunk_size, self.fp32_weight_grad = chunk_size, fp32_weight_grad
+
+    def forward(self, hidden, weight, target, bias=None, nll_target=None) -> ORPOOutput:
+        return fused_linear_orpo_loss(hidden, weight, target, bias, beta=self.beta, ignore_index=self.ignore_index,
+                                      nll_target=nll_target, compute_nll_loss=self.compute_nll_loss,
+                                      chunk_size=self.chunk_size, fp32_weight_grad=self.fp32_weight_grad)
+
+    def extra_repr(self) -> str:
+        return (f"beta={self.beta}, ignore_index={self.ignore_index}, compute_nll_loss={self.compute_nll_loss}, "
+                f"chunk_size={self.chunk_size}, fp32_weight_grad={self.fp32_weight_grad}")

@@ -1,0 +1,138 @@
+"""Triton kernels for the row work of the chunked ORPO loss.
+
+A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. Two kernels touch it:
+
+* ``row_stats_kernel`` — one program per row: an online log-sum-exp over the vocabulary, the
+  log-probs of the two targets and the row sum of logits; with ``WRITE_PROBS`` it then rewrites
+  the row in place into softmax probabilities (the second read comes from L2).
+* ``write_target_grads_kernel`` — once the pair coefficients are known, overwrites the (at most
+  two) target columns of each row with their gradient entries, computed from the precise log-probs.
+
+The probabilities do not depend on the pair, so a row is finished in one visit; the pair enters
+only through per-row scalars that the GEMMs apply to their small operands (see ``fused.py``).
+"""
+
+from ._triton_mode import INTERPRET  # decides compile vs interpret before @triton.jit runs
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _log1p(x):
+    # log(1 + x) without losing a tiny x to rounding (Goldberg's trick; tl has no log1p).
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+
+
+@triton.jit
+def row_stats_kernel(
+    logits_ptr,  # (C, V) chunk of logits; rewritten into probabilities when WRITE_PROBS
+    stride_row,
+    target_ptr,  # (C,) int32 odds-ratio target id, -1 where the token does not count
+    nll_target_ptr,  # (C,) int32 NLL target id, -1 where the token does not count
+    token_ptr,  # (C,) int64 index of each row in the flattened (B*T) per-token outputs
+    logp_ptr,  # (B*T,) fp32 out: log p(target), 0 where ignored
+    nll_logp_ptr,  # (B*T,) fp32 out: log p(nll target), 0 where ignored
+    logit_sum_ptr,  # (B*T,) fp32 out: sum of the row's logits (for the logits-mean metric)
+    V,
+    BLOCK_V: tl.constexpr,
+    WRITE_PROBS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    target = tl.load(target_ptr + row)
+    nll_target = tl.load(nll_target_ptr + row)
+    token = tl.load(token_ptr + row)
+    has_target = target >= 0
+    has_nll = nll_target >= 0
+    target_logit = tl.load(row_ptr + target, mask=has_target, other=0.0).to(tl.float32)
+    nll_logit = tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(tl.float32)
+
+    # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
+    # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
+    offs = tl.arange(0, BLOCK_V)
+    row_max = float("-inf")
+    other_sum = 0.0
+    logit_sum = 0.0
+    for start in range(0, V, BLOCK_V):
+        cols = start + offs
+        in_row = cols < V
+        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"), eviction_policy="evict_last")
+        x = x.to(tl.float32)
+        new_max = tl.maximum(row_max, tl.max(x, axis=0))
+        terms = tl.where(cols != target, tl.exp(x - new_max), 0.0)
+        other_sum = other_sum * tl.exp(row_max - new_max) + tl.sum(terms, axis=0)
+        logit_sum += tl.sum(tl.where(in_row, x, 0.0), axis=0)
+        row_max = new_max
+
+    target_rel = target_logit - row_max  # <= 0; exactly 0 when the target is the maximum
+    target_term = tl.where(has_target, tl.exp(target_rel), 0.0)
+    lse = row_max + tl.log(other_sum + target_term)
+    logp = target_rel - _log1p(other_sum + (target_term - 1.0))
+    nll_logp = tl.where(nll_target == target, logp, nll_logit - lse)
+    tl.store(logp_ptr + token, tl.where(has_target, logp, 0.0))
+    tl.store(nll_logp_ptr + token, tl.where(has_nll, nll_logp, 0.0))
+    tl.store(logit_sum_ptr + token, logit_sum)
+
+    if WRITE_PROBS:
+        for start in range(0, V, BLOCK_V):
+            cols = start + offs
+            in_row = cols < V
+            x = tl.load(row_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_first")
+            probs = tl.exp(x.to(tl.float32) - lse)
+            tl.store(row_ptr + cols, probs.to(logits_ptr.dtype.element_ty), mask=in_row)
+
+
+@triton.jit
+def write_target_grads_kernel(
+    logits_ptr,  # (C, V) chunk holding probabilities
+    stride_row,
+    target_ptr,  # (C,) int32, -1 where ignored
+    nll_target_ptr,  # (C,) int32, -1 where ignored
+    target_value_ptr,  # (C,) fp32 entry for the target column
+    nll_target_value_ptr,  # (C,) fp32 entry for the NLL target column (when it differs)
+    C,
+    BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_chunk = rows < C
+    target = tl.load(target_ptr + rows, mask=in_chunk, other=-1)
+    nll_target = tl.load(nll_target_ptr + rows, mask=in_chunk, other=-1)
+    row_ptr = logits_ptr + rows.to(tl.int64) * stride_row
+    elem = logits_ptr.dtype.element_ty
+    value = tl.load(target_value_ptr + rows, mask=in_chunk, other=0.0)
+    tl.store(row_ptr + target, value.to(elem), mask=target >= 0)
+    nll_value = tl.load(nll_target_value_ptr + rows, mask=in_chunk, other=0.0)
+    tl.store(row_ptr + nll_target, nll_value.to(elem), mask=(nll_target >= 0) & (nll_target != target))
+
+
+def row_block_size(vocab: int) -> int:
+    return min(triton.next_power_of_2(vocab), ROW_BLOCK_V)
+
+
+# Tuned on the H200 (see notebooks/03-kernel-tuning): 16 KiB of bf16 per loop step per program.
+ROW_BLOCK_V = 8192
+ROW_NUM_WARPS = 16
+
+
+def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, *, write_probs: bool) -> None:
+    """Launch ``row_stats_kernel`` over every row of ``logits`` (a (C, V) chunk, unit column stride)."""
+    rows, vocab = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError("logits chunk must have unit stride along the vocabulary")
+    row_stats_kernel[(rows,)](
+        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, logit_sum, vocab,
+        BLOCK_V=row_block_size(vocab), WRITE_PROBS=write_probs, num_warps=ROW_NUM_WARPS,
+    )
+
+
+def write_target_grads(logits, target, nll_target, target_value, nll_target_value) -> None:
+    """Launch ``write_target_grads_kernel``: set each row's target columns to their gradient entries."""
+    rows = logits.shape[0]
+    block = 256
+    write_target_grads_kernel[(triton.cdiv(rows, block),)](
+        logits, logits.stride(0), target, nll_target, target_value, nll_target_value, rows,
+        BLOCK=block, num_warps=4,
+    )
+

@@ -1,0 +1,117 @@
+"""Input checks shared by every implementation: a clear error naming the argument, before any work."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+def check_arguments(hidden, weight, target, bias, nll_target, *, beta, chunk_size=None) -> None:
+    """Shape, dtype and device checks that need no look at the values."""
+    for name, tensor in (("hidden", hidden), ("weight", weight), ("target", target)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if hidden.dim() != 3:
+        raise ValueError(f"hidden must be 3-D (batch, seq, hidden), got shape {tuple(hidden.shape)}")
+    batch, seq, hidden_size = hidden.shape
+    if batch == 0 or batch % 2:
+        raise ValueError(
+            f"hidden's batch must be even and non-zero (chosen rows, then rejected rows), got {batch}"
+        )
+    if seq == 0:
+        raise ValueError("hidden's sequence length must be at least 1")
+    if not hidden.is_floating_point():
+        raise TypeError(f"hidden must be a floating-point tensor, got {hidden.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (vocab, hidden), got shape {tuple(weight.shape)}")
+    if weight.shape[1] != hidden_size:
+        raise ValueError(
+            f"weight's hidden size {weight.shape[1]} does not match hidden's {hidden_size}"
+        )
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} does not match hidden dtype {hidden.dtype}")
+    if weight.device != hidden.device:
+        raise ValueError(f"weight is on {weight.device} but hidden is on {hidden.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        if bias.dtype != hidden.dtype:
+            raise TypeError(f"bias dtype {bias.dtype} does not match hidden dtype {hidden.dtype}")
+        if bias.device != hidden.device:
+            raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
+    for name, labels in (("target", target), ("nll_target", nll_target)):
+        if labels is None:
+            continue
+        if not isinstance(labels, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(labels).__name__}")
+        if tuple(labels.shape) != (batch, seq):
+            raise ValueError(f"{name} must have shape ({batch}, {seq}), got {tuple(labels.shape)}")
+        if labels.dtype not in (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
+            raise TypeError(f"{name} must be an integer tensor of token ids, got {labels.dtype}")
+        if labels.device != hidden.device:
+            raise ValueError(f"{name} is on {labels.device} but hidden is on {hidden.device}")
+    if not isinstance(beta, (int, float)) or isinstance(beta, bool):
+        raise TypeError(f"beta must be a number, got {type(beta).__name__}")
+    if chunk_size is not None:
+        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool):
+            raise TypeError(f"chunk_size must be an int or None, got {type(chunk_size).__name__}")
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive number of token rows, got {chunk_size}")
+
+
+@dataclass
+class TokenCounts:
+    """Which tokens take part, and the per-sequence counts read back to the host once."""
+
+    target_valid: torch.Tensor  # (B, T) bool: the token counts in its sequence's log-prob
+    nll_valid: torch.Tensor  # (B, T) bool: the token counts in the NLL (chosen half only)
+    target_per_seq: list  # odds-ratio target tokens of each of the B sequences
+    kept_per_seq: list  # tokens that any target needs (the others cost no GEMM work)
+    nll_tokens: int  # NLL tokens in the chosen half
+
+
+def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool) -> TokenCounts:
+    """Check the label values and count the tokens that take part; one device-to-host transfer."""
+    batch = target.shape[0]
+    target_valid = target != ignore_index
+    nll_labels = target if nll_target is None else nll_target
+    nll_valid = nll_labels != ignore_index
+    nll_valid[batch // 2 :] = False
+    if not compute_nll_loss:
+        nll_valid.zero_()
+
+    def out_of_range(labels, valid):
+        return ((labels < 0) | (labels >= vocab)) & valid
+
+    stats = torch.stack(
+        [
+            target_valid.sum(1),
+            (target_valid | nll_valid).sum(1),
+            nll_valid.sum(1),
+            out_of_range(target, target_valid).sum(1),
+            out_of_range(nll_labels, nll_valid).sum(1),
+        ]
+    ).tolist()
+    per_seq, kept, nll_per_seq, bad_target, bad_nll = stats
+    if sum(bad_target):
+        raise ValueError(
+            f"target holds {sum(bad_target)} token id(s) outside [0, {vocab}) that are not ignore_index={ignore_index}"
+        )
+    if sum(bad_nll):
+        raise ValueError(
+            f"nll_target holds {sum(bad_nll)} token id(s) outside [0, {vocab}) that are not ignore_index={ignore_index}"
+        )
+    empty = [i for i, n in enumerate(per_seq) if n == 0]
+    if empty:
+        raise ValueError(
+            f"target has no tokens other than ignore_index={ignore_index} in sequence(s) {empty[:8]}"
+            " (rows [0, B/2) chosen, [B/2, B) rejected): their log-probability is undefined"
+        )
+    if compute_nll_loss and sum(nll_per_seq) == 0:
+        name = "target" if nll_target is None else "nll_target"
+        raise ValueError(
+            f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
+            " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
+        )
+    return TokenCounts(target_valid, nll_valid, per_seq, kept, sum(nll_per_seq))
