@@ -1,0 +1,294 @@
+"""Analytic peak-memory and cost model of the ORPO loss implementations.
+
+Every function here is pure arithmetic on shapes, so notebooks, widgets and figures can ask
+"how many bytes would this need?" for shapes no CPU could run. Memory is counted *over the
+inputs*: hidden, weight and targets are already allocated before the loss is called, which is how
+the benchmark reports ``peak_over_inputs_gib``.
+
+Each implementation is described as a sequence of phases; a phase lists the tensors alive at that
+moment. The peak is the phase with the largest sum. The component lists follow the code in
+``orpo_lib.fused`` / ``orpo_lib.baseline`` and the published structure of Liger's ORPO loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 2**30
+FP32_BYTES = 4
+
+IMPLEMENTATIONS = ("seed_baseline", "baseline", "liger", "fused", "fused_lean")
+
+# Token rows whose logits may exist at once in the default fused setting; chunks hold whole pairs
+# (orpo_lib.fused.DEFAULT_CHUNK_ROWS). A pair longer than this gets a chunk of its own, as long as
+# its logits fit LOGITS_BUDGET_BYTES (orpo_lib.fused.LOGITS_BUDGET_BYTES).
+DEFAULT_CHUNK_ROWS = 4096
+LOGITS_BUDGET_BYTES = 8 << 30
+# The lean setting trades one extra GEMM per chunk for a small logits buffer.
+LEAN_CHUNK_ROWS = 1024
+# Per token the fused loss keeps three fp32 statistics (log-prob, NLL log-prob, logit sum), two
+# int32 label vectors and an int64 row index.
+FUSED_TOKEN_STATE_BYTES = 3 * 4 + 2 * 4 + 8
+
+# Rates measured on the H200 for this project's shapes (bf16 GEMM, in-place row rewrite).
+H200_GEMM_TFLOPS = 695.0
+H200_ROW_KERNEL_TBPS = 3.5
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How the fused loss splits B·T token rows into chunks of whole (chosen, rejected) pairs."""
+
+    rows: int  # token rows whose logits exist at once (the chunk buffer's height)
+    count: int  # chunks per call (blocks of logits computed for the gradient pass)
+    passes: int  # 1, or 2 when a pair is larger than a chunk and its logits are recomputed
+
+
+def chunk_row_limit(seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2) -> int:
+    """The most token rows whose logits may exist at once."""
+    if chunk_size is not None:
+        return int(chunk_size)
+    limit = max(DEFAULT_CHUNK_ROWS, 2 * seq)
+    if vocab:
+        limit = min(limit, max(1, LOGITS_BUDGET_BYTES // (vocab * dtype_bytes)))
+    return limit
+
+
+def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2) -> Chunking:
+    """Chunk geometry of the fused loss with every token counted (no ignored positions).
+
+    ``chunk_size=None`` is the library default: ``DEFAULT_CHUNK_ROWS`` or one whole pair if that is
+    longer, capped so the buffer stays within ``LOGITS_BUDGET_BYTES`` (pass ``vocab`` for the cap;
+    on a GPU the library also caps it at a quarter of free memory, which this model ignores).
+    """
+    if batch % 2:
+        raise ValueError(f"batch must be even (chosen half, rejected half), got {batch}")
+    pairs = batch // 2
+    pair_rows = 2 * seq
+    limit = chunk_row_limit(seq, chunk_size, vocab, dtype_bytes)
+    if limit >= pair_rows:
+        pairs_per_chunk = min(pairs, limit // pair_rows)
+        return Chunking(rows=pairs_per_chunk * pair_rows, count=math.ceil(pairs / pairs_per_chunk), passes=1)
+    # A pair is larger than a chunk: a statistics pass, then a gradient pass that recomputes logits.
+    return Chunking(rows=limit, count=pairs * math.ceil(pair_rows / limit), passes=2)
+
+
+def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, with_grad):
+    tokens = batch * seq
+    chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes)
+    buffer = chunk.rows * vocab * dtype_bytes
+    gathered_rows = chunk.rows * hidden * dtype_bytes  # hidden[rows] copied out for the GEMMs
+    token_state = tokens * FUSED_TOKEN_STATE_BYTES
+    if not with_grad:
+        # Without gradients the chunks need not hold whole pairs.
+        rows = min(tokens, chunk_row_limit(seq, chunk_size, vocab, dtype_bytes))
+        return [("chunk loop", {"chunk_logits": rows * vocab * dtype_bytes, "gathered_rows": rows * hidden * dtype_bytes,
+                                "token_state": token_state})]
+    dx = tokens * hidden * dtype_bytes
+    dw = vocab * hidden * dtype_bytes
+    rows_fp32 = chunk.rows * hidden * FP32_BYTES
+    # While dW's operand -s ⊙ X is formed, the chunk's fp32 dX rows are still alive, next to X in
+    # fp32 and its scaled copy.
+    operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows, "chunk_dx_fp32": rows_fp32,
+               "scaled_rows_fp32": 2 * rows_fp32}
+    if chunk.count == 1:
+        # One chunk: its dX and dW GEMMs wait for backward; dW is produced once, in the weight dtype.
+        return [
+            ("chunk dW operand", {**operand, "dx": dx, "token_state": token_state}),
+            ("chunk dW GEMM", {"chunk_logits": buffer, "gathered_rows": gathered_rows, "chunk_dx_fp32": rows_fp32,
+                               "scaled_rows": gathered_rows, "dw": dw, "dx": dx, "token_state": token_state}),
+        ]
+    dw_accumulator = vocab * hidden * (FP32_BYTES if dw_fp32 else dtype_bytes)
+    phases = [("chunk loop", {**operand, "dw_accumulator": dw_accumulator, "dx": dx, "token_state": token_state})]
+    if dw_fp32:
+        # The chunk buffer is freed before the fp32 accumulator is cast to the weight dtype.
+        phases.append(("dW cast", {"dw_accumulator": dw_accumulator, "dw": dw, "dx": dx, "token_state": token_state}))
+    return phases
+
+
+def _baseline_phases(batch, seq, hidden, vocab, dtype_bytes, with_grad):
+    """orpo_lib.baseline: fp32 logits and their log_softmax, gathered twice (odds-ratio and NLL targets)."""
+    logits = batch * seq * vocab
+    forward = {"logits_fp32": logits * FP32_BYTES, "log_softmax_fp32": logits * FP32_BYTES}
+    if not with_grad:
+        return [("forward", forward)]
+    # Autograd keeps the log_softmax output; each gather's backward scatters into a full fp32
+    # tensor, and both exist before they are summed.
+    gather_backward = {
+        "log_softmax_fp32": logits * FP32_BYTES,
+        "grad_gather_target_fp32": logits * FP32_BYTES,
+        "grad_gather_nll_fp32": logits * FP32_BYTES,
+    }
+    gemm_backward = {
+        "grad_logits": logits * dtype_bytes,
+        "dw": vocab * hidden * dtype_bytes,
+        "dx": batch * seq * hidden * dtype_bytes,
+    }
+    return [("forward", forward), ("gather backward", gather_backward), ("GEMM backward", gemm_backward)]
+
+
+def _seed_baseline_phases(batch, seq, hidden, vocab, dtype_bytes, with_grad):
+    """The anchors' baseline (the seed benchmark's Hugging Face reference): a cross-entropy over the
+    chosen half adds its own fp32 log_softmax of half the logits, and the dtype logits stay alive."""
+    logits = batch * seq * vocab
+    forward = {
+        "logits": logits * dtype_bytes,
+        "logits_fp32": logits * FP32_BYTES,
+        "chosen_log_softmax_fp32": logits // 2 * FP32_BYTES,
+        "log_softmax_fp32": logits * FP32_BYTES,
+    }
+    if not with_grad:
+        return [("forward", forward)]
+    softmax_backward = {
+        "log_softmax_fp32": logits * FP32_BYTES,
+        "chosen_log_softmax_fp32": logits // 2 * FP32_BYTES,
+        "grad_gather_fp32": logits * FP32_BYTES,
+        "grad_logits_fp32": logits * FP32_BYTES,
+    }
+    return [("forward", forward), ("softmax backward", softmax_backward)]
+
+
+def _liger_phases(batch, seq, hidden, vocab, dtype_bytes, with_grad):
+    chunk_logits = 2 * seq * vocab  # one pair per chunk; chunking is over the batch only
+    loop = {
+        "chunk_logits": chunk_logits * dtype_bytes,
+        "chunk_log_softmax_fp32": chunk_logits * FP32_BYTES,
+    }
+    if not with_grad:
+        return [("chunk loop", loop)]
+    loop.update(
+        chunk_grad_logits=chunk_logits * dtype_bytes,
+        dw_accumulator=vocab * hidden * dtype_bytes,
+        dx=batch * seq * hidden * dtype_bytes,
+    )
+    return [("chunk loop", loop)]
+
+
+def memory_phases(
+    impl: str,
+    batch: int,
+    seq: int,
+    hidden: int,
+    vocab: int,
+    dtype_bytes: int = 2,
+    chunk_rows: int | None = None,
+    dw_fp32: bool | None = None,
+    with_grad: bool = True,
+) -> list[tuple[str, dict[str, int]]]:
+    """Every phase of one loss call (forward, plus backward when ``with_grad``) with its live bytes.
+
+    ``chunk_rows`` and ``dw_fp32`` apply to the fused implementations only. ``None`` means the
+    implementation's default: ``fused`` accumulates dW in fp32 with the default chunking,
+    ``fused_lean`` uses ``LEAN_CHUNK_ROWS`` rows and accumulates dW in the weight dtype.
+    """
+    shape = (batch, seq, hidden, vocab, dtype_bytes)
+    if impl == "fused":
+        return _fused_phases(*shape, chunk_rows, True if dw_fp32 is None else dw_fp32, with_grad)
+    if impl == "fused_lean":
+        rows = LEAN_CHUNK_ROWS if chunk_rows is None else chunk_rows
+        return _fused_phases(*shape, rows, False if dw_fp32 is None else dw_fp32, with_grad)
+    if impl == "baseline":
+        return _baseline_phases(*shape, with_grad)
+    if impl == "seed_baseline":
+        return _seed_baseline_phases(*shape, with_grad)
+    if impl == "liger":
+        return _liger_phases(*shape, with_grad)
+    raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLEMENTATIONS}")
+
+
+def peak_bytes(impl: str, batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2, **options) -> dict[str, int]:
+    """The tensors alive at the peak of one loss call, name -> bytes (over the inputs)."""
+    _, components = max(memory_phases(impl, batch, seq, hidden, vocab, dtype_bytes, **options), key=lambda p: sum(p[1].values()))
+    return components
+
+
+def peak_phase(impl: str, batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2, **options) -> str:
+    """Name of the phase at which the peak occurs."""
+    name, _ = max(memory_phases(impl, batch, seq, hidden, vocab, dtype_bytes, **options), key=lambda p: sum(p[1].values()))
+    return name
+
+
+def peak_gib(impl: str, batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2, **options) -> float:
+    """Total peak over the inputs in GiB."""
+    return sum(peak_bytes(impl, batch, seq, hidden, vocab, dtype_bytes, **options).values()) / GIB
+
+
+def input_bytes(batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2) -> int:
+    """What is allocated before the call: hidden, weight, target and nll_target (int64)."""
+    return batch * seq * hidden * dtype_bytes + vocab * hidden * dtype_bytes + 2 * batch * seq * 8
+
+
+def stage_costs(
+    impl: str,
+    batch: int,
+    seq: int,
+    hidden: int,
+    vocab: int,
+    dtype_bytes: int = 2,
+    chunk_rows: int | None = None,
+) -> list[dict]:
+    """FLOPs and HBM bytes of each stage of a forward+backward call (fused or baseline).
+
+    The fused row kernel reads each chunk of logits once from HBM and writes it back once as
+    probabilities (its second read comes from L2); a two-pass chunk is read once more for its
+    statistics. The baseline's elementwise chain (cast, log_softmax,
+    gather backward, softmax backward, cast) touches the logits in fp32 several times.
+    """
+    tokens = batch * seq
+    gemm_flops = 2 * tokens * hidden * vocab
+    logits = tokens * vocab
+    x_bytes = tokens * hidden * dtype_bytes
+    w_bytes = vocab * hidden * dtype_bytes
+    if impl in ("fused", "fused_lean"):
+        rows = LEAN_CHUNK_ROWS if impl == "fused_lean" and chunk_rows is None else chunk_rows
+        chunk = chunking(batch, seq, rows, vocab, dtype_bytes)
+        w_reads = chunk.count * w_bytes
+        stages = [{"stage": "logits GEMM", "flops": gemm_flops, "bytes": x_bytes + w_reads + logits * dtype_bytes}]
+        if chunk.passes == 2:
+            stages.append({"stage": "logits GEMM (recompute)", "flops": gemm_flops, "bytes": x_bytes + w_reads + logits * dtype_bytes})
+        stages += [
+            {"stage": "row kernel (statistics + in-place probabilities)", "flops": 0, "bytes": (chunk.passes + 1) * logits * dtype_bytes},
+            {"stage": "dX GEMM", "flops": gemm_flops, "bytes": logits * dtype_bytes + w_reads + tokens * hidden * FP32_BYTES},
+            {"stage": "dW GEMM", "flops": gemm_flops, "bytes": logits * dtype_bytes + x_bytes + chunk.count * vocab * hidden * 2 * FP32_BYTES},
+        ]
+        return stages
+    if impl == "baseline":
+        return [
+            {"stage": "logits GEMM", "flops": gemm_flops, "bytes": x_bytes + w_bytes + logits * dtype_bytes},
+            # cast to fp32, log_softmax (read + write), its backward (read out, grad; write), cast back
+            {"stage": "fp32 softmax chain", "flops": 0, "bytes": logits * (dtype_bytes + 4 * 2 + 4 * 3 + 4 + dtype_bytes)},
+            {"stage": "dX GEMM", "flops": gemm_flops, "bytes": logits * dtype_bytes + w_bytes + x_bytes},
+            {"stage": "dW GEMM", "flops": gemm_flops, "bytes": logits * dtype_bytes + x_bytes + w_bytes},
+        ]
+    raise ValueError(f"stage costs are modelled for fused, fused_lean and baseline, not {impl!r}")
+
+
+def floor_flops(batch: int, seq: int, hidden: int, vocab: int) -> int:
+    """FLOPs of the three GEMMs any fused linear loss must do: logits, dX and dW."""
+    return 3 * 2 * batch * seq * hidden * vocab
+
+
+def predicted_ms(stages: list[dict], gemm_tflops: float = H200_GEMM_TFLOPS, bandwidth_tbps: float = H200_ROW_KERNEL_TBPS) -> float:
+    """Roofline time: each stage costs the larger of its FLOP time and its byte time."""
+    return sum(max(s["flops"] / (gemm_tflops * 1e12), s["bytes"] / (bandwidth_tbps * 1e12)) for s in stages) * 1e3
+
+
+def model_vs_measured(record, impls: tuple[str, ...] = IMPLEMENTATIONS) -> list[dict]:
+    """Each measured full-step peak of ``record`` next to the model's prediction for the same call."""
+    dtype_bytes = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
+    rows = []
+    for r in record.results:
+        if (r["provider"] not in impls or r.get("mode") != "full" or r.get("peak_over_inputs_gib") is None
+                or r.get("status", "ok") != "ok" or r.get("mask", "none") != "none"):
+            continue
+        options = {}
+        if r["provider"].startswith("fused"):
+            options = {"chunk_rows": r.get("chunk_size"), "dw_fp32": r.get("fp32_weight_grad")}
+        model = peak_gib(r["provider"], r["batch"], r["seq"], r["hidden"], r["vocab"], dtype_bytes[r.get("dtype", "bfloat16")], **options)
+        measured = r["peak_over_inputs_gib"]
+        rows.append({
+            "impl": r["provider"], "batch": r["batch"], "seq": r["seq"], "chunk": r.get("chunk_size"),
+            "measured_gib": measured, "model_gib": model, "error_pct": 100.0 * (model - measured) / measured,
+        })
+    return rows

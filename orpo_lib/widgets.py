@@ -1,0 +1,142 @@
+"""The workbook's optional interactive layer.
+
+Each view is a plain function: a notebook cell calls it once with the parameters (so the static
+result is in the executed notebook), then ``interactive_view`` wraps the same function in
+controls with ``continuous_update=False``. Views return what they showed, so tests can call them
+directly. GPU work only ever starts from a button.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+
+from . import memory, plots
+from .measurements import NO_RECORD_MESSAGE, SEED_A100_FORWARD, H200_ANCHORS, format_table, latest_bench_record
+
+POWERS_OF_TWO = [2**k for k in range(1, 8)]
+
+
+def _show(fig, output_dir: str | Path | None, name: str):
+    if output_dir:
+        plots.save_figure(fig, output_dir, name)
+    display(fig)
+    plt.close(fig)
+
+
+def format_bytes(size: float) -> str:
+    """Bytes in the largest binary unit that keeps the number at least 1."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.2f} {unit}" if unit != "B" else f"{size:.0f} B"
+        size /= 1024
+
+
+def memory_table(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int | None = None, dtype_bytes: int = 2) -> list[dict]:
+    """Modelled peak of every implementation at one shape: total, the phase it occurs in, and its largest part."""
+    rows = []
+    for impl in memory.IMPLEMENTATIONS:
+        options = {"chunk_rows": chunk_rows} if impl == "fused" else {}
+        parts = memory.peak_bytes(impl, batch, seq, hidden, vocab, dtype_bytes, **options)
+        largest = max(parts, key=parts.get)
+        total = sum(parts.values())
+        rows.append({
+            "impl": impl,
+            "peak_gib": total / memory.GIB,
+            "peak": format_bytes(total),
+            "phase": memory.peak_phase(impl, batch, seq, hidden, vocab, dtype_bytes, **options),
+            "largest_part": f"{largest} ({format_bytes(parts[largest])})",
+        })
+    return rows
+
+
+def show_memory(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int = 0, output_dir: str | Path | None = None) -> list[dict]:
+    """Table and breakdown figure of the modelled peaks; ``chunk_rows=0`` means the fused default."""
+    rows_limit = chunk_rows or None
+    table = memory_table(batch, seq, hidden, vocab, rows_limit)
+    chunk = memory.chunking(batch, seq, rows_limit, vocab)
+    print(f"B={batch} T={seq} H={hidden} V={vocab}: fused chunks of {chunk.rows} rows × {chunk.count}, "
+          f"{'two passes (logits recomputed)' if chunk.passes == 2 else 'one pass'}")
+    print(format_table(table, ["impl", "peak", "phase", "largest_part"]))
+    _show(plots.memory_breakdown(batch, seq, hidden, vocab, chunk_rows=rows_limit), output_dir, "memory-breakdown")
+    return table
+
+
+def show_batch_scaling(seq: int, hidden: int, vocab: int, mode: str = "full", output_dir: str | Path | None = None, data_dir=None) -> dict:
+    """Measured time and memory against batch at one (T, H, V), with the published references."""
+    record = latest_bench_record(data_dir)
+    if record is None:
+        print(NO_RECORD_MESSAGE)
+    references = [H200_ANCHORS] if mode == "full" else [SEED_A100_FORWARD]
+    fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode=mode, references=references)
+    measured = [] if record is None else record.select(mode=mode, seq=seq, hidden=hidden, vocab=vocab, mask="none")
+    _show(fig, output_dir, f"batch-scaling-{mode}-T{seq}")
+    return {"record": None if record is None else record.source, "measured_points": len(measured)}
+
+
+def int_slider(description: str, value: int, options: list[int]) -> widgets.SelectionSlider:
+    """A slider over a fixed list of sizes that updates only on release."""
+    options = sorted(set(options) | {value})
+    return widgets.SelectionSlider(description=description, options=options, value=value, continuous_update=False)
+
+
+def shape_controls(batch: int, seq: int, hidden: int, vocab: int) -> dict:
+    """Sliders for the four shape parameters, starting at the notebook's values."""
+    return {
+        "batch": int_slider("batch B", batch, POWERS_OF_TWO),
+        "seq": int_slider("seq T", seq, [2**k for k in range(4, 16)]),
+        "hidden": int_slider("hidden H", hidden, [48, 64, 256, 1024, 2048, 4096, 8192]),
+        "vocab": int_slider("vocab V", vocab, [517, 2048, 32000, 50257, 128256, 151936, 256000]),
+    }
+
+
+def interactive_view(view, controls: dict, fixed: dict | None = None) -> widgets.VBox:
+    """Controls above an output area that re-runs ``view(**values)`` when a control is released."""
+    fixed = fixed or {}
+
+    def run(**values):
+        return view(**values, **fixed)
+
+    output = widgets.interactive_output(run, controls)
+    return widgets.VBox([widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap")), output])
+
+
+def memory_explorer(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int = 0) -> widgets.VBox:
+    """``show_memory`` under shape and chunk-size controls."""
+    controls = shape_controls(batch, seq, hidden, vocab)
+    controls["chunk_rows"] = int_slider("chunk rows (0: default)", chunk_rows, [0, 256, 1024, 2048, 4096, 8192, 16384])
+    return interactive_view(show_memory, controls)
+
+
+def batch_scaling_explorer(seq: int, hidden: int, vocab: int, mode: str = "full") -> widgets.VBox:
+    """``show_batch_scaling`` under shape and mode controls."""
+    controls = {
+        "seq": int_slider("seq T", seq, [1024, 4096]),
+        "hidden": int_slider("hidden H", hidden, [4096]),
+        "vocab": int_slider("vocab V", vocab, [128256]),
+        "mode": widgets.ToggleButtons(options=["full", "forward", "eval"], value=mode, description="mode"),
+    }
+    return interactive_view(show_batch_scaling, controls)
+
+
+def gpu_button(description: str, run, *, output_dir: str | Path | None = None) -> widgets.VBox:
+    """A button that starts ``run(output_dir)`` (GPU work); disabled, with a note, without CUDA."""
+    has_cuda = torch.cuda.is_available()
+    button = widgets.Button(description=description, disabled=not has_cuda, button_style="warning",
+                            layout=widgets.Layout(width="auto"))
+    note = widgets.HTML("" if has_cuda else "No CUDA device here: showing the recorded data only.")
+    output = widgets.Output()
+
+    def on_click(_):
+        button.disabled = True
+        with output:
+            output.clear_output()
+            run(output_dir)
+        button.disabled = False
+
+    button.on_click(on_click)
+    return widgets.VBox([widgets.HBox([button, note]), output])
