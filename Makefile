@@ -30,8 +30,14 @@ figures: $(STAMP)  ## rebuild figures/ from the measured data in figures/data (n
 bench: $(STAMP)  ## benchmark floor / baseline / fused (/ liger) and record to figures/data
 	$(PY) -m orpo_lib.bench
 
-lab: $(STAMP)  ## open the workbook in JupyterLab
-	$(PY) -m jupyter lab notebooks
+lab: $(STAMP)  ## open the workbook in JupyterLab (kernel python3 from .venv; no GPU: Triton interpreter)
+	env -u MPLBACKEND $(PY) -m jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
+
+ui-test: $(STAMP)  ## run, check and screenshot every notebook in JupyterLab + Chromium (build/ui)
+	test -x /usr/bin/chromium || { as_root=$$([ "$$(id -u)" = 0 ] || echo sudo); $$as_root apt-get update -qq && \
+		$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test,ui-test]'
+	UI_TEST=1 timeout -k 30 3000 $(PY) -m pytest -v tests/ui
 
 strip: $(STAMP)  ## strip outputs from the committed notebooks
 	$(VENV)/bin/nbstripout --extra-keys "metadata.papermill cell.metadata.papermill" notebooks/*.ipynb

@@ -451,65 +451,100 @@ class NotebookPage:
             }"""
         )
 
-    def _labelled(self, description: str) -> Locator:
+    def _label(self, description: str) -> Locator:
         # Unscoped, so that it can also be used inside `filter(has=...)` on a cell.
-        label = self.page.locator("label.widget-label").get_by_text(description, exact=True)
-        return self.page.locator(".jupyter-widgets.widget-inline-hbox").filter(has=label)
+        return self.page.locator("label.widget-label").get_by_text(description, exact=True)
 
     def widget(self, description: str) -> Locator:
         """The one widget whose description label reads exactly ``description``."""
-        found = self.panel.locator(".jp-CodeCell").locator(self._labelled(description))
+        found = self.panel.locator(".jp-CodeCell").locator(self._label(description))
         count = found.count()
         if count != 1:
             labels = self.panel.locator("label.widget-label").all_text_contents()
             raise AssertionError(
                 f"{self.path}: {count} widgets labelled {description!r}; labels: {labels}"
             )
-        return found
+        return found.locator("xpath=..")
 
     def widget_value(self, description: str) -> str:
+        """What the widget shows: a slider's readout, the pressed toggle, the chosen option."""
         widget = self.widget(description)
         readout = widget.locator(".widget-readout")
         if readout.count():
             return readout.inner_text().strip()
+        toggle = widget.locator(".widget-toggle-button.mod-active")
+        if toggle.count():
+            return toggle.inner_text().strip()
         select = widget.locator("select")
         if select.count():
             return select.evaluate("s => s.options[s.selectedIndex].text")
         return widget.locator("input").input_value()
 
     def set_widget(self, description: str, value, timeout_s: float = 120.0) -> None:
-        """Set a widget the way a person types a value: slider readout, text box or dropdown.
+        """Set a widget the way a person does with the keyboard, then wait for the kernel.
 
-        Sliders use ``continuous_update=False``, so the value is typed into the readout and
-        committed with Enter rather than dragged. Waits until the kernel has finished the update.
+        Widgets use ``continuous_update=False``, so nothing is dragged: a numeric slider gets the
+        value typed into its readout and Enter; a selection slider (whose readout is not an input)
+        is stepped with the arrow keys; toggle buttons are clicked; text boxes filled.
         """
         widget = self.widget(description)
-        readout = widget.locator(".widget-readout")
-        if readout.count():
-            readout.click()
-            self.page.keyboard.press("Control+a")
-            self.page.keyboard.type(str(value))
-            self.page.keyboard.press("Enter")
+        handle = widget.locator(".noUi-handle")
+        if handle.count():
+            readout = widget.locator(".widget-readout")
+            # A numeric slider's handle reports its value, a selection slider's an index.
+            if handle.get_attribute("aria-valuetext") == readout.inner_text().strip():
+                readout.click()
+                self.page.keyboard.press("Control+a")
+                self.page.keyboard.type(str(value))
+                self.page.keyboard.press("Enter")
+                shown = handle.get_attribute("aria-valuetext")
+            else:
+                shown = self._step_slider(handle, readout, value)
+        elif widget.locator(".widget-toggle-button").count():
+            widget.locator(".widget-toggle-button").get_by_text(str(value), exact=True).click()
+            shown = self.widget_value(description)
         elif widget.locator("select").count():
             widget.locator("select").select_option(label=str(value))
+            shown = self.widget_value(description)
         elif widget.locator("input").count():
             box = widget.locator("input").first
             box.fill(str(value))
             box.press("Enter")
+            shown = self.widget_value(description)
         else:
-            raise AssertionError(f"{self.path}: widget {description!r} has no text box to type in")
-        shown = self.widget_value(description)
+            raise AssertionError(f"{self.path}: no way to type into widget {description!r}")
         if _as_number(shown) != _as_number(value):
             raise AssertionError(
-                f"{self.path}: typed {value!r} into {description!r} but it shows {shown!r}"
-                " (outside the widget's range or step?)"
+                f"{self.path}: set {description!r} to {value!r} but it shows {shown!r}"
+                " (not one of its values?)"
             )
         self._wait_idle(timeout_s)
+
+    @staticmethod
+    def _step_slider(handle: Locator, readout: Locator, value, max_steps: int = 100) -> str:
+        """Arrow-key a selection slider to ``value``; each step is one option, as for a person."""
+        target = _as_number(value)
+        shown = readout.inner_text().strip()
+        first_key = None
+        for _ in range(max_steps):
+            current = _as_number(shown)
+            if current == target:
+                break
+            if isinstance(current, str) or isinstance(target, str):
+                raise AssertionError(f"cannot order {shown!r} and {value!r} to step towards it")
+            key = "ArrowRight" if current < target else "ArrowLeft"
+            if key != (first_key := first_key or key):  # stepped past it: not an option
+                break
+            handle.press(key)
+            before, shown = shown, readout.inner_text().strip()
+            if shown == before:  # at the end of the range
+                break
+        return shown
 
     def output_text(self, description: str) -> str:
         """Text of the widget Output areas in the cell that holds the widget ``description``."""
         self.widget(description)
-        cell = self.panel.locator(".jp-CodeCell").filter(has=self._labelled(description))
+        cell = self.panel.locator(".jp-CodeCell").filter(has=self._label(description))
         return "\n".join(cell.locator(".widget-output").all_text_contents())
 
     def wait_for_output_change(self, description: str, before: str, timeout_s: float = 60.0) -> str:

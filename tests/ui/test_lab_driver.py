@@ -26,15 +26,19 @@ print(sys.executable)"""
 SLIDERS = """\
 import ipywidgets as widgets
 
-def show_tokens(batch, seq_len):
+def show_tokens(batch, seq_len, mode):
     print(f"tokens per step: {batch * seq_len:,}")
+    print(f"mode: {mode}")
 
-batch_slider = widgets.IntSlider(value=batch, min=1, max=64, description="batch",
-                                 continuous_update=False)
-seq_slider = widgets.IntSlider(value=seq_len, min=16, max=4096, step=16,
-                               description="sequence length", continuous_update=False)
-view = widgets.interactive_output(show_tokens, {"batch": batch_slider, "seq_len": seq_slider})
-display(widgets.VBox([batch_slider, seq_slider]), view)"""
+controls = {
+    "batch": widgets.IntSlider(value=batch, min=1, max=64, description="batch",
+                               continuous_update=False),
+    "seq_len": widgets.SelectionSlider(options=[64, 128, 256, 512, 1024], value=seq_len,
+                                       description="sequence length", continuous_update=False),
+    "mode": widgets.ToggleButtons(options=["full", "forward"], description="mode"),
+}
+view = widgets.interactive_output(show_tokens, controls)
+display(widgets.VBox([widgets.HBox(list(controls.values())), view]))"""
 
 
 def write_notebook(name: str, *sources: str) -> str:
@@ -67,14 +71,22 @@ def test_figure_and_slider(open_notebook):
     # The kernel is the venv's interpreter, not one found elsewhere on the machine.
     assert str(Path(sys.executable).parent) in notebook.panel.inner_text()
 
-    assert notebook.output_text("batch").strip() == "tokens per step: 512"
-    notebook.set_widget("batch", 8)
-    text = notebook.wait_for_output_change("batch", "tokens per step: 512")
-    assert text.strip() == "tokens per step: 1,024"
-    notebook.set_widget("sequence length", 1024)
+    assert notebook.output_text("batch") == "tokens per step: 512\nmode: full\n"
+    notebook.set_widget("batch", 8)  # a slider with a typed-in readout
+    text = notebook.wait_for_output_change("batch", "tokens per step: 512\nmode: full\n")
+    assert text == "tokens per step: 1,024\nmode: full\n"
+    notebook.set_widget("sequence length", 1024)  # a selection slider, moved with the arrow keys
     text = notebook.wait_for_output_change("sequence length", text)
-    assert text.strip() == "tokens per step: 8,192"
+    assert text == "tokens per step: 8,192\nmode: full\n"
+    notebook.set_widget("sequence length", 64)
+    text = notebook.wait_for_output_change("sequence length", text)
+    assert text == "tokens per step: 512\nmode: full\n"
+    notebook.set_widget("mode", "forward")  # toggle buttons
+    text = notebook.wait_for_output_change("mode", text)
+    assert text == "tokens per step: 512\nmode: forward\n"
     assert notebook.widget_value("batch") == "8"
+    assert notebook.widget_value("sequence length") == "64"
+    assert notebook.widget_value("mode") == "forward"
 
 
 def test_error_is_caught(open_notebook):
