@@ -93,8 +93,9 @@ def _stop_all_live() -> None:
 
 
 def _on_sigterm(signum, frame):
-    # Turn SIGTERM (e.g. an outer `timeout`) into a normal exit so teardown and atexit run.
-    raise SystemExit(128 + signum)
+    # SIGTERM (e.g. from the outer `timeout`) interrupts the session like Ctrl-C, so pytest stops
+    # and still runs fixture teardown; atexit catches anything left.
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 atexit.register(_stop_all_live)
