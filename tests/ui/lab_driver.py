@@ -208,6 +208,8 @@ class JupyterLabServer(_Stoppable):
             f"--IdentityProvider.token={self.token}",
             f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
             "--LabApp.expose_app_in_browser=True",
+            # Checkpoints go under build/, not into .ipynb_checkpoints/ next to the notebooks.
+            f"--FileCheckpoints.checkpoint_dir={self.state_dir / 'checkpoints'}",
         ]  # fmt: skip
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
@@ -548,6 +550,15 @@ class NotebookPage:
         cell = self.panel.locator(".jp-CodeCell").filter(has=self._label(description))
         return "\n".join(cell.locator(".widget-output").all_text_contents())
 
+    def cell_index(self, description: str) -> int:
+        """Index, among the code cells, of the cell that holds the widget ``description``."""
+        return self.widget(description).evaluate(
+            """(widget) => {
+                const cells = [...widget.closest('.jp-Notebook').querySelectorAll('.jp-CodeCell')];
+                return cells.indexOf(widget.closest('.jp-CodeCell'));
+            }"""
+        )
+
     def wait_for_output_change(self, description: str, before: str, timeout_s: float = 60.0) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -563,12 +574,13 @@ class NotebookPage:
     def screenshot(self, path: Path) -> None:
         """The whole notebook in one image: the viewport is stretched to the notebook's height."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        hidden = self.panel.locator(".jp-WindowedPanel-outer").evaluate(
-            "e => e.scrollHeight - e.clientHeight"
-        )
+        scroller = self.panel.locator(".jp-WindowedPanel-outer")
+        hidden = scroller.evaluate("e => { e.scrollTop = 0; return e.scrollHeight - e.clientHeight; }")
         height = min(VIEWPORT["height"] + hidden, 16000)
         self.page.set_viewport_size({"width": VIEWPORT["width"], "height": height})
         self.page.wait_for_timeout(500)
+        scroller.evaluate("e => { e.scrollTop = 0; }")
+        self.page.wait_for_timeout(200)
         self.page.screenshot(path=str(path))
         self.page.set_viewport_size(VIEWPORT)
 
@@ -589,3 +601,20 @@ def _as_number(value) -> float | str:
 def numbers_in(text: str) -> list[float]:
     """Every number written in ``text`` (thousands separators allowed), in order."""
     return [float(m.replace(",", "")) for m in re.findall(r"-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", text)]
+
+
+def text_table(text: str) -> list[dict[str, str]]:
+    """The rows of the first fixed-width table in ``text``: a header line, a line of dashes
+    (one run per column, two spaces apart), then one line per row, read by column position."""
+    lines = text.splitlines()
+    for i in range(1, len(lines)):
+        if re.fullmatch(r"-+(  -+)*", lines[i].strip()) and lines[i].startswith("-"):
+            spans = [m.span() for m in re.finditer(r"-+", lines[i])]
+            header = [lines[i - 1][a:b].strip() for a, b in spans]
+            rows = []
+            for line in lines[i + 1 :]:
+                if not line.strip():
+                    break
+                rows.append({name: line[a:b].strip() for name, (a, b) in zip(header, spans)})
+            return rows
+    raise AssertionError(f"no table in {text!r}")

@@ -1,0 +1,108 @@
+"""The workbook as a person uses it: each notebook opened in JupyterLab, run top to bottom on CPU,
+its figures rendered, and its shape controls moved with the view following the memory model.
+
+Screenshots land in build/ui/screenshots/ (see conftest.py). Assertions are on text and DOM
+structure, never on pixels.
+"""
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+EXPECTED_NOTEBOOKS = 4
+RUN_ALL_TIMEOUT_S = 480
+
+# orpo_lib.widgets.memory_explorer: its shape controls (description labels) and the header line
+# and table that orpo_lib.widgets.show_memory prints above its figure.
+MEMORY_CONTROLS = {"batch": "batch B", "seq": "seq T", "hidden": "hidden H", "vocab": "vocab V"}
+MEMORY_CHUNK_CONTROL = "chunk rows (0: default)"
+
+
+def test_workbook_has_its_notebooks():
+    assert len(NOTEBOOKS) == EXPECTED_NOTEBOOKS, f"notebooks/: {NOTEBOOKS}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_in_jupyterlab(open_notebook, name):
+    path = ROOT / "notebooks" / name
+    source = hashlib.sha256(path.read_bytes()).hexdigest()
+    notebook = open_notebook(f"notebooks/{name}")
+    assert notebook.kernel_names() == ["python3"]
+
+    report = notebook.run_all(timeout_s=RUN_ALL_TIMEOUT_S)
+    assert report.errors == [], "error outputs:\n" + "\n\n".join(report.errors)
+    assert report.unexecuted == [], f"code cells that did not run: {report.unexecuted}"
+    check_figures(notebook, report)
+
+    if "memory" in name:
+        check_memory_explorer(notebook)
+
+    assert notebook.report().errors == [], "the widgets produced error outputs"
+    # Running in JupyterLab must not write outputs over the committed notebook.
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == source
+
+
+def check_figures(notebook, report):
+    """Every image a cell output holds is on the page, decoded, with a real size."""
+    assert report.figures, "no figure rendered"
+    rendered = {}
+    for figure in report.figures:
+        assert figure["width"] > 50 and figure["height"] > 50, figure
+        rendered[figure["cell"]] = rendered.get(figure["cell"], 0) + 1
+    for index, cell in enumerate(notebook.cell_outputs()):
+        images = sum(any(m.startswith("image/") for m in o["mime"]) for o in cell["outputs"])
+        assert rendered.get(index, 0) >= images, f"code cell {index}: {images} images in the model"
+
+
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def shown_bytes(text: str) -> tuple[float, float]:
+    """A size as the view prints it ("4.85 GiB", "512 B") and half its last digit, in bytes."""
+    number, unit = text.split()
+    decimals = len(number.partition(".")[2])
+    return float(number) * UNITS[unit], 0.5 * 10**-decimals * UNITS[unit]
+
+
+def check_memory_view(notebook, shape: dict, chunk_rows: int) -> str:
+    """The header and every implementation's peak in the view agree with orpo_lib.memory."""
+    from lab_driver import text_table
+
+    from orpo_lib import memory
+
+    text = notebook.output_text(MEMORY_CONTROLS["batch"])
+    b, t, h, v = shape["batch"], shape["seq"], shape["hidden"], shape["vocab"]
+    chunk = memory.chunking(b, t, chunk_rows or None, v)
+    header = f"B={b} T={t} H={h} V={v}: fused chunks of {chunk.rows} rows × {chunk.count}"
+    assert header in text, f"expected {header!r} in the view:\n{text}"
+
+    rows = {row["impl"]: row for row in text_table(text)}
+    assert sorted(rows) == sorted(memory.IMPLEMENTATIONS), text
+    for impl, row in rows.items():
+        options = {"chunk_rows": chunk_rows or None} if impl == "fused" else {}
+        model = sum(memory.peak_bytes(impl, b, t, h, v, **options).values())
+        shown, rounding = shown_bytes(row["peak"])
+        assert abs(shown - model) <= rounding, (
+            f"{impl} at {shape}: the view shows {row['peak']}, the memory model says {model} B"
+        )
+    return text
+
+
+def check_memory_explorer(notebook):
+    """Move batch, then sequence length; the table must follow orpo_lib.memory each time."""
+    shape = {key: int(notebook.widget_value(label)) for key, label in MEMORY_CONTROLS.items()}
+    chunk_rows = int(notebook.widget_value(MEMORY_CHUNK_CONTROL))
+    text = check_memory_view(notebook, shape, chunk_rows)
+
+    for key, new in (("batch", shape["batch"] // 2), ("seq", shape["seq"] // 4)):
+        shape[key] = new
+        notebook.set_widget(MEMORY_CONTROLS[key], new)
+        notebook.wait_for_output_change(MEMORY_CONTROLS[key], text)
+        before = text
+        text = check_memory_view(notebook, shape, chunk_rows)
+        assert text != before
+        cell = notebook.cell_index(MEMORY_CONTROLS[key])
+        assert [f for f in notebook.figures() if f["cell"] == cell], "no figure in the view"
