@@ -79,12 +79,7 @@ CELL_OUTPUTS_JS = """() => {
     return found;
 }"""
 
-_live: list[_Stoppable] = []
-
-
-class _Stoppable:
-    def stop(self) -> None:
-        raise NotImplementedError
+_live: list = []  # the servers and browsers started and not yet stopped
 
 
 def _stop_all_live() -> None:
@@ -147,7 +142,7 @@ def _tail(path: Path, chars: int = 4000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
 
-class JupyterLabServer(_Stoppable):
+class JupyterLabServer:
     """A JupyterLab server on 127.0.0.1 with a random port, a token and fresh config dirs.
 
     Config, data, runtime, settings and workspace dirs, IPython's and matplotlib's, all live under
@@ -240,10 +235,6 @@ class JupyterLabServer(_Stoppable):
             body = response.read()
         return json.loads(body) if body else None
 
-    def shutdown_kernels(self) -> None:
-        for kernel in self.api("GET", "/api/kernels"):
-            self.api("DELETE", f"/api/kernels/{kernel['id']}")
-
     def stop(self) -> None:
         if self.process is None:
             return
@@ -253,7 +244,7 @@ class JupyterLabServer(_Stoppable):
         _live.remove(self)
 
 
-class ChromiumBrowser(_Stoppable):
+class ChromiumBrowser:
     """Debian's Chromium, started by us (so we hold its pid) and driven by Playwright over CDP."""
 
     def __init__(self, state_dir: Path):
@@ -560,11 +551,14 @@ class NotebookPage:
         )
 
     def wait_for_output_change(self, description: str, before: str, timeout_s: float = 60.0) -> str:
+        """Wait until the output next to ``description`` differs from ``before`` and the kernel is
+        idle again (a view prints in several messages), then return it."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = self.output_text(description)
             if text.strip() and text != before:
-                return text
+                self._wait_idle(max(deadline - time.monotonic(), 1.0))
+                return self.output_text(description)
             time.sleep(0.25)
         raise TimeoutError(
             f"{self.path}: output next to {description!r} did not change within "
@@ -575,7 +569,9 @@ class NotebookPage:
         """The whole notebook in one image: the viewport is stretched to the notebook's height."""
         path.parent.mkdir(parents=True, exist_ok=True)
         scroller = self.panel.locator(".jp-WindowedPanel-outer")
-        hidden = scroller.evaluate("e => { e.scrollTop = 0; return e.scrollHeight - e.clientHeight; }")
+        hidden = scroller.evaluate(
+            "e => { e.scrollTop = 0; return e.scrollHeight - e.clientHeight; }"
+        )
         height = min(VIEWPORT["height"] + hidden, 16000)
         self.page.set_viewport_size({"width": VIEWPORT["width"], "height": height})
         self.page.wait_for_timeout(500)
@@ -598,11 +594,6 @@ def _as_number(value) -> float | str:
         return text
 
 
-def numbers_in(text: str) -> list[float]:
-    """Every number written in ``text`` (thousands separators allowed), in order."""
-    return [float(m.replace(",", "")) for m in re.findall(r"-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", text)]
-
-
 def text_table(text: str) -> list[dict[str, str]]:
     """The rows of the first fixed-width table in ``text``: a header line, a line of dashes
     (one run per column, two spaces apart), then one line per row, read by column position."""
@@ -615,6 +606,8 @@ def text_table(text: str) -> list[dict[str, str]]:
             for line in lines[i + 1 :]:
                 if not line.strip():
                     break
-                rows.append({name: line[a:b].strip() for name, (a, b) in zip(header, spans)})
+                rows.append(
+                    {name: line[a:b].strip() for name, (a, b) in zip(header, spans, strict=True)}
+                )
             return rows
     raise AssertionError(f"no table in {text!r}")
