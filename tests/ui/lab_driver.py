@@ -312,7 +312,7 @@ class RunReport:
     errors: list[str]  # text of each error output (tracebacks, widget display errors)
     stderr: list[str]
     figures: list[dict] = field(default_factory=list)  # one per rendered image
-    page_errors: list[str] = field(default_factory=list)  # uncaught JavaScript exceptions
+    browser_errors: list[str] = field(default_factory=list)  # JavaScript exceptions, console errors
 
 
 class NotebookPage:
@@ -322,11 +322,16 @@ class NotebookPage:
         self.server = server
         self.path = path
         self.page = browser.new_page()
-        self.page_errors: list[str] = []
-        self.page.on("pageerror", lambda exc: self.page_errors.append(str(exc)))
+        self.browser_errors: list[str] = []
+        self.page.on("pageerror", lambda exc: self.browser_errors.append(f"uncaught: {exc}"))
+        self.page.on("console", self._on_console)
         # A workspace per notebook, so no tab from a previous notebook is restored next to it.
         workspace = re.sub(r"[^A-Za-z0-9-]", "-", Path(path).stem)
         self.url = f"{server.url}/lab/workspaces/{workspace}/tree/{path}?token={server.token}"
+
+    def _on_console(self, message) -> None:
+        if message.type == "error":
+            self.browser_errors.append(f"console.error: {message.text}")
 
     @property
     def panel(self) -> Locator:
@@ -417,7 +422,7 @@ class NotebookPage:
             errors=errors,
             stderr=[o["text"] for o in outputs if o["name"] == "stderr"],
             figures=self.figures(),
-            page_errors=list(self.page_errors),
+            browser_errors=list(self.browser_errors),
         )
 
     def figures(self) -> list[dict]:

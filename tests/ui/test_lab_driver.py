@@ -65,6 +65,7 @@ def test_figure_and_slider(open_notebook):
     report = notebook.run_all(timeout_s=120)
     assert report.errors == []
     assert report.unexecuted == []
+    assert report.browser_errors == []
     assert report.code_cells == 3
     assert [(f["cell"], f["mime"]) for f in report.figures] == [(1, "image/png")]
     assert report.figures[0]["width"] > 100 and report.figures[0]["height"] > 100
@@ -87,6 +88,8 @@ def test_figure_and_slider(open_notebook):
     assert notebook.widget_value("batch") == "8"
     assert notebook.widget_value("sequence length") == "64"
     assert notebook.widget_value("mode") == "forward"
+    after_widgets = notebook.report()
+    assert after_widgets.errors == [] and after_widgets.browser_errors == []
 
 
 def test_error_is_caught(open_notebook):

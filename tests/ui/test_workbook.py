@@ -35,12 +35,15 @@ def test_notebook_in_jupyterlab(open_notebook, name):
     report = notebook.run_all(timeout_s=RUN_ALL_TIMEOUT_S)
     assert report.errors == [], "error outputs:\n" + "\n\n".join(report.errors)
     assert report.unexecuted == [], f"code cells that did not run: {report.unexecuted}"
+    assert report.browser_errors == []
     check_figures(notebook, report)
 
     if "memory" in name:
         check_memory_explorer(notebook)
 
-    assert notebook.report().errors == [], "the widgets produced error outputs"
+    after_widgets = notebook.report()
+    assert after_widgets.errors == [], "the widgets produced error outputs"
+    assert after_widgets.browser_errors == []
     # Running in JupyterLab must not write outputs over the committed notebook.
     assert hashlib.sha256(path.read_bytes()).hexdigest() == source
 
