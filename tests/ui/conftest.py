@@ -7,6 +7,7 @@ With it nothing here is ever skipped: a missing browser or package is an error, 
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,7 @@ def lab():
     """A JupyterLab server and a Chromium for the whole session, both stopped by pid at the end."""
     from lab_driver import ChromiumBrowser, JupyterLabServer
 
+    shutil.rmtree(SCREENSHOT_DIR, ignore_errors=True)  # only this run's pictures
     server = JupyterLabServer(ROOT, BUILD_DIR / "jupyter")
     browser = ChromiumBrowser(BUILD_DIR / "chromium")
     try:
@@ -77,3 +79,11 @@ def open_notebook(lab):
             notebook.screenshot(SCREENSHOT_DIR / f"{name}.png")
         finally:
             notebook.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if ENABLED and SCREENSHOT_DIR.exists():
+        terminalreporter.write_line(
+            f"JupyterLab UI test: screenshots in {SCREENSHOT_DIR.relative_to(ROOT)}/, "
+            f"server and browser logs in {BUILD_DIR.relative_to(ROOT)}/"
+        )
