@@ -218,11 +218,12 @@ class ChunkedORPO:
         b = torch.where(has_nll, -1.0 / self.nll_tokens, 0.0) if self.compute_nll_loss else torch.zeros_like(a)
         s = a + b  # a and b never have opposite signs, so s = 0 only where the row has no gradient
         inv_s = 1.0 / torch.where(s == 0, 1.0, s)
-        ratio_a, ratio_b = a * inv_s, b * inv_s
+        ratio_a, ratio_b = a * inv_s, b * inv_s  # they sum to 1 wherever s != 0
+        # Q[y] = p_y - a/s (- b/s when both targets share the column). Written as the other ratio plus
+        # expm1(log p) = p - 1, so that nothing cancels when p ≈ 1 and the ratios ≈ 0 or 1.
         same_column = block.nll_target == block.target
-        # Q[y] = p_y - a/s (- b/s when both targets share the column), with p_y = 1 + expm1(log p_y).
-        target_value = (1.0 - ratio_a - torch.where(same_column, ratio_b, 0.0)) + torch.expm1(self.logp[block.rows])
-        nll_value = (1.0 - ratio_b) + torch.expm1(self.nll_logp[block.rows])
+        target_value = torch.where(same_column, 0.0, ratio_b) + torch.expm1(self.logp[block.rows])
+        nll_value = ratio_a + torch.expm1(self.nll_logp[block.rows])
         kernels.write_target_grads(block.logits, block.target, block.nll_target, target_value, nll_value)
         block.row_scale = -s
 

@@ -22,7 +22,7 @@ import triton.language as tl
 def _log1p(x):
     # log(1 + x) without losing a tiny x to rounding (Goldberg's trick; tl has no log1p).
     u = 1.0 + x
-    return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+    return tl.where(u == 1.0, x, tl.log(u) * (x / tl.where(u == 1.0, 1.0, u - 1.0)))
 
 
 @triton.jit

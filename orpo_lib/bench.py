@@ -1,0 +1,450 @@
+"""The benchmark harness: every provider on the same inputs in one run, recorded with provenance.
+
+    python -m orpo_lib.bench                       # seed workloads on CUDA, tiny shapes on CPU
+    python -m orpo_lib.bench --shapes 2x1024,16x4096 --providers floor,fused --modes full
+
+Providers: ``floor`` (the three GEMMs any fused linear loss must do, torch.matmul on the same
+shapes; in ``eval`` mode only the logits GEMM), ``baseline`` (materialising, TRL style), ``fused``
+(this library, default settings), ``fused_lean`` (small chunks, two-pass, dW accumulated in the
+weight dtype), ``liger`` (Liger-Kernel's fused ORPO, when importable). Modes: ``forward``, ``full``
+(forward + backward), ``eval`` (forward under no_grad). Times are CUDA-event medians after
+warm-up; memory is the peak allocated during the call, absolute and over what was allocated before.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import kernels
+from .baseline import orpo_loss_baseline
+from .fused import _addmm_, _mm, fused_linear_orpo_loss
+
+SEED_SHAPES = [(b, t) for t in (1024, 4096) for b in (2, 4, 8, 16)]
+SEED_HIDDEN, SEED_VOCAB = 4096, 128256
+CPU_SHAPES = [(2, 32), (4, 32)]
+CPU_HIDDEN, CPU_VOCAB = 64, 1000
+LEAN_CHUNK_ROWS = 1024
+GIB = 1 << 30
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class Workload:
+    batch: int
+    seq: int
+    hidden: int
+    vocab: int
+    dtype: str = "bf16"
+    mask: str = "none"  # "none": every token counts; "prompt-half": the first half of each sequence is prompt
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    def gemm_flops(self) -> int:
+        """FLOPs of one of the three GEMMs (logits, dX, dW): 2·N·H·V."""
+        return 2 * self.tokens * self.hidden * self.vocab
+
+
+@dataclass
+class Result:
+    provider: str
+    mode: str
+    batch: int
+    seq: int
+    hidden: int
+    vocab: int
+    dtype: str
+    mask: str
+    chunk_size: int = None
+    median_ms: float = None
+    min_ms: float = None
+    max_ms: float = None
+    reps: int = 0
+    peak_gib: float = None
+    peak_over_inputs_gib: float = None
+    tflops: float = None  # the GEMM FLOPs the mode needs, over the median time
+    status: str = "ok"
+    error: str = None
+    extra: dict = field(default_factory=dict)
+
+
+def make_inputs(w: Workload, device, seed=0):
+    """Random hidden, weight and labels (never zeros); weights scaled so logits are O(1)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = DTYPES[w.dtype]
+    hidden = torch.randn(w.batch, w.seq, w.hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.randn(w.vocab, w.hidden, device=device, dtype=dtype, generator=gen) * w.hidden ** -0.5
+    target = torch.randint(0, w.vocab, (w.batch, w.seq), device=device, generator=gen)
+    nll_target = torch.randint(0, w.vocab, (w.batch, w.seq), device=device, generator=gen)
+    if w.mask == "prompt-half":
+        target[:, : w.seq // 2] = -100
+        nll_target = None
+    return hidden.requires_grad_(), weight.requires_grad_(), target, nll_target
+
+
+# ---- providers: each returns a closure that runs one call in the given mode -----------------------
+
+def _floor(w, inputs, mode):
+    hidden, weight, _, _ = inputs
+    x = hidden.detach().view(-1, w.hidden)
+    wt = weight.detach()
+    logits = torch.randn(w.tokens, w.vocab, device=x.device, dtype=x.dtype)
+
+    def run():
+        torch.mm(x, wt.t(), out=logits)
+        if mode == "full":
+            torch.mm(logits, wt)
+            torch.mm(logits.t(), x)
+    return run
+
+
+def _loss_call(loss_fn, inputs, mode):
+    hidden, weight, target, nll_target = inputs
+
+    def run():
+        if mode == "eval":
+            with torch.no_grad():
+                loss_fn(hidden, weight, target, nll_target)
+            return
+        loss = loss_fn(hidden, weight, target, nll_target)
+        if mode == "full":
+            loss.backward()
+            hidden.grad = weight.grad = None
+    return run
+
+
+def _fused(chunk_size=None, fp32_weight_grad=True):
+    def provider(w, inputs, mode):
+        def loss_fn(h, wt, t, nt):
+            return fused_linear_orpo_loss(h, wt, t, nll_target=nt, chunk_size=chunk_size,
+                                          fp32_weight_grad=fp32_weight_grad).loss
+        return _loss_call(loss_fn, inputs, mode)
+    return provider
+
+
+def _baseline(w, inputs, mode):
+    return _loss_call(lambda h, wt, t, nt: orpo_loss_baseline(h, wt, t, nll_target=nt).loss, inputs, mode)
+
+
+def _liger(w, inputs, mode):
+    from liger_kernel.chunked_loss import LigerFusedLinearORPOLoss
+
+    liger = LigerFusedLinearORPOLoss()
+
+    def loss_fn(h, wt, t, nt):
+        out = liger(wt, h, t, nll_target=nt)
+        return out[0] if isinstance(out, tuple) else out
+    return _loss_call(loss_fn, inputs, mode)
+
+
+PROVIDERS = {
+    "floor": _floor,
+    "baseline": _baseline,
+    "fused": _fused(),
+    "fused_lean": _fused(chunk_size=LEAN_CHUNK_ROWS, fp32_weight_grad=False),
+    "liger": _liger,
+}
+
+
+def liger_version():
+    try:
+        from importlib.metadata import version
+        return version("liger-kernel")
+    except Exception:
+        return None
+
+
+# ---- timing -----------------------------------------------------------------------------------------
+
+def time_call(run, device, warmup=2, reps=10):
+    """Median, min and max milliseconds over ``reps`` calls after ``warmup``; CUDA events on the GPU."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times), max(times), len(times)
+
+
+def peak_memory(run, device):
+    """(peak GiB, peak GiB over what was allocated before the call); None on the CPU."""
+    if device.type != "cuda":
+        return None, None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return peak / GIB, (peak - before) / GIB
+
+
+def measure(provider, mode, w, inputs, device, *, warmup, reps, chunk_size=None) -> Result:
+    result = Result(provider, mode, w.batch, w.seq, w.hidden, w.vocab, w.dtype, w.mask, chunk_size)
+    try:
+        run = PROVIDERS[provider](w, inputs, mode)
+        result.peak_gib, result.peak_over_inputs_gib = peak_memory(run, device)
+        result.median_ms, result.min_ms, result.max_ms, result.reps = time_call(run, device, warmup, reps)
+        gemms = 1 if mode != "full" else 3
+        result.tflops = gemms * w.gemm_flops() / (result.median_ms * 1e-3) / 1e12
+    except torch.cuda.OutOfMemoryError as exc:
+        result.status, result.error = "oom", str(exc).splitlines()[0]
+    except Exception as exc:  # recorded, so that one failing provider does not end the sweep
+        result.status, result.error = "error", f"{type(exc).__name__}: {exc}"
+    finally:
+        for tensor in inputs[:2]:
+            tensor.grad = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+# ---- accuracy: bf16 against float64 ------------------------------------------------------------------
+
+def accuracy(w: Workload, device, seed=1) -> dict:
+    """Relative errors of loss, dX and dW against a float64 reference, for fused and baseline on the same inputs."""
+    from .reference import orpo_loss_reference
+
+    hidden, weight, target, nll_target = make_inputs(w, device, seed)
+    h64 = hidden.detach().double().requires_grad_()
+    w64 = weight.detach().double().requires_grad_()
+    ref = orpo_loss_reference(h64, w64, target, nll_target=nll_target)
+    ref["loss"].backward()
+    out = {}
+    for name, fn in (("fused", fused_linear_orpo_loss), ("baseline", orpo_loss_baseline)):
+        loss = fn(hidden, weight, target, nll_target=nll_target).loss
+        loss.backward()
+
+        def rel(a, b):
+            return ((a.double() - b).norm() / b.norm()).item()
+        out[name] = {"loss": abs(loss.item() - ref["loss"].item()) / abs(ref["loss"].item()),
+                     "grad_hidden": rel(hidden.grad, h64.grad), "grad_weight": rel(weight.grad, w64.grad)}
+        hidden.grad = weight.grad = None
+    return out
+
+
+# ---- sweeps for the tuning notebook --------------------------------------------------------------------
+
+def chunk_sweep(w: Workload, device, chunks, *, warmup, reps) -> list:
+    """Time and memory of the fused loss (forward + backward) against chunk_size, fp32 and weight-dtype dW."""
+    inputs = make_inputs(w, device)
+    rows = []
+    for chunk in chunks:
+        for fp32_dw in (True, False):
+            PROVIDERS["_sweep"] = _fused(chunk_size=chunk, fp32_weight_grad=fp32_dw)
+            r = measure("_sweep", "full", w, inputs, device, warmup=warmup, reps=reps, chunk_size=chunk)
+            rows.append({"chunk_size": chunk, "fp32_weight_grad": fp32_dw, "median_ms": r.median_ms,
+                         "peak_over_inputs_gib": r.peak_over_inputs_gib, "status": r.status, "error": r.error})
+    PROVIDERS.pop("_sweep", None)
+    return rows
+
+
+def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
+    """Each stage of one chunk timed alone: the GEMMs, the row kernel, the target-column patch."""
+    dtype = DTYPES[w.dtype]
+    gen = torch.Generator(device=device).manual_seed(2)
+    x = torch.randn(chunk_rows, w.hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.randn(w.vocab, w.hidden, device=device, dtype=dtype, generator=gen) * w.hidden ** -0.5
+    logits = torch.empty(chunk_rows, w.vocab, device=device, dtype=dtype)
+    target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
+    nll_target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
+    token = torch.arange(chunk_rows, device=device)
+    stats = [torch.zeros(chunk_rows, device=device) for _ in range(3)]
+    values = torch.rand(chunk_rows, device=device, generator=gen)
+    acc = torch.zeros(w.vocab, w.hidden, device=device)
+    torch.mm(x, weight.t(), out=logits)
+    snapshot = logits.clone()
+
+    def row_stats_only():
+        kernels.row_stats(logits, target, nll_target, token, *stats, write_probs=False)
+
+    def row_stats_and_probs():
+        logits.copy_(snapshot)  # every repetition rewrites real logits, not last round's probabilities
+        kernels.row_stats(logits, target, nll_target, token, *stats, write_probs=True)
+
+    stages = {
+        "logits GEMM": lambda: torch.mm(x, weight.t(), out=logits),
+        "row stats (read)": row_stats_only,
+        "copy (restores the chunk)": lambda: logits.copy_(snapshot),
+        "row stats + probs (read, write) + copy": row_stats_and_probs,
+        "target columns": lambda: kernels.write_target_grads(logits, target, nll_target, values, values),
+        "dX GEMM (fp32 out)": lambda: _mm(logits, weight),
+        "dW GEMM (weight dtype out)": lambda: torch.mm(logits.t(), x),
+        "dW GEMM (fp32 accumulate)": lambda: _addmm_(acc, logits.t(), x),
+    }
+    logit_bytes = chunk_rows * w.vocab * logits.element_size()
+    rows = []
+    for name, run in stages.items():
+        median, low, high, n = time_call(run, device, warmup, reps)
+        rows.append({"stage": name, "median_ms": median, "min_ms": low, "max_ms": high,
+                     "chunk_rows": chunk_rows, "logit_bytes": logit_bytes})
+    return rows
+
+
+def row_kernel_sweep(w: Workload, device, chunk_rows, block_sizes, warps, *, warmup, reps) -> list:
+    """Achieved bandwidth of the row kernel (statistics and probabilities) for block size and warp count."""
+    dtype = DTYPES[w.dtype]
+    gen = torch.Generator(device=device).manual_seed(3)
+    logits = torch.randn(chunk_rows, w.vocab, device=device, dtype=dtype, generator=gen) * 3
+    target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
+    token = torch.arange(chunk_rows, device=device)
+    stats = [torch.zeros(chunk_rows, device=device) for _ in range(3)]
+    nbytes = logits.numel() * logits.element_size()
+    rows = []
+    for block in block_sizes:
+        for num_warps in warps:
+            for write in (False, True):
+                def run():
+                    kernels.row_stats_kernel[(chunk_rows,)](
+                        logits, logits.stride(0), target, target, token, *stats, w.vocab,
+                        BLOCK_V=block, WRITE_PROBS=write, num_warps=num_warps)
+                median, _, _, _ = time_call(run, device, warmup, reps)
+                moved = nbytes * (3 if write else 1)  # read; or read + write + (L2 or HBM) re-read
+                rows.append({"block_v": block, "num_warps": num_warps, "write_probs": write,
+                             "median_ms": median, "gbps": moved / (median * 1e-3) / 1e9,
+                             "hbm_gbps_if_reread_hits_l2": nbytes * (2 if write else 1) / (median * 1e-3) / 1e9})
+    return rows
+
+
+# ---- the run -------------------------------------------------------------------------------------------
+
+def provenance(device, command, commit=None) -> dict:
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = os.environ.get("ORPO_COMMIT", "unknown")
+    import triton
+    return {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()})",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "liger": liger_version(),
+        "interpreter": kernels.INTERPRET,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "command": command,
+    }
+
+
+def parse_shapes(text):
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
+
+
+def format_table(results, floor_by_shape) -> str:
+    lines = [f"{'B×T':>8} {'mask':>11} {'provider':>11} {'mode':>7} {'median ms':>10} {'× floor':>8} {'over inputs GiB':>16} status"]
+    for r in results:
+        floor = floor_by_shape.get((r.batch, r.seq, r.mode))
+        ratio = f"{r.median_ms / floor:.3f}" if floor and r.median_ms else "-"
+        ms = f"{r.median_ms:.2f}" if r.median_ms else "-"
+        mem = f"{r.peak_over_inputs_gib:.2f}" if r.peak_over_inputs_gib is not None else "-"
+        lines.append(f"{r.batch}×{r.seq:<5} {r.mask:>11} {r.provider:>11} {r.mode:>7} {ms:>10} {ratio:>8} {mem:>16} {r.status}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--providers", default="floor,baseline,fused,fused_lean,liger")
+    parser.add_argument("--modes", default="full,forward,eval")
+    parser.add_argument("--shapes", default=None, help="BxT,BxT,... (default: the seed workloads on CUDA)")
+    parser.add_argument("--hidden", type=int, default=None)
+    parser.add_argument("--vocab", type=int, default=None)
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES))
+    parser.add_argument("--masks", default="none", help="none,prompt-half")
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--sweeps", default="", help="chunk,stages,row_kernel,accuracy")
+    parser.add_argument("--sweep-shape", default=None, help="BxT of the sweeps (default 8x4096 on CUDA, 4x32 on CPU)")
+    parser.add_argument("--out", default=None, help="JSON record (default figures/data/bench-<date>-<device>.json)")
+    parser.add_argument("--commit", default=None)
+    args = parser.parse_args(argv)
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    shapes = parse_shapes(args.shapes) if args.shapes else (SEED_SHAPES if on_gpu else CPU_SHAPES)
+    hidden = args.hidden or (SEED_HIDDEN if on_gpu else CPU_HIDDEN)
+    vocab = args.vocab or (SEED_VOCAB if on_gpu else CPU_VOCAB)
+    dtype = args.dtype or ("bf16" if on_gpu else "fp32")  # the interpreter computes bf16 wrongly
+    warmup = args.warmup if args.warmup is not None else (2 if on_gpu else 1)
+    reps = args.reps or (10 if on_gpu else 2)
+    providers = [p for p in args.providers.split(",") if p]
+    if "liger" in providers and (not on_gpu or liger_version() is None):
+        providers.remove("liger")  # Liger needs CUDA and its package
+    modes = [m for m in args.modes.split(",") if m]
+    masks = [m for m in args.masks.split(",") if m]
+
+    from tqdm.auto import tqdm
+
+    record = {"provenance": provenance(device, "python -m orpo_lib.bench " + " ".join(argv or []), args.commit),
+              "results": [], "sweeps": {}}
+    jobs = [(Workload(b, t, hidden, vocab, dtype, mask), p, m)
+            for mask in masks for (b, t) in shapes for p in providers for m in modes
+            if not (p == "floor" and m == "forward")]
+    inputs_for = {}
+    for w, provider, mode in tqdm(jobs, desc="bench", disable=None):
+        key = (w.batch, w.seq, w.mask)
+        if key not in inputs_for:
+            inputs_for.clear()
+            if on_gpu:
+                torch.cuda.empty_cache()
+            inputs_for[key] = make_inputs(w, device)
+        result = measure(provider, mode, w, inputs_for[key], device, warmup=warmup, reps=reps,
+                         chunk_size=LEAN_CHUNK_ROWS if provider == "fused_lean" else None)
+        record["results"].append(asdict(result))
+    inputs_for.clear()
+
+    sweeps = [s for s in args.sweeps.split(",") if s]
+    if sweeps:
+        b, t = parse_shapes(args.sweep_shape or ("8x4096" if on_gpu else "4x32"))[0]
+        w = Workload(b, t, hidden, vocab, dtype)
+        chunk_rows = 4096 if on_gpu else 64
+        if "chunk" in sweeps:
+            chunks = [1024, 2048, 4096, 8192, 16384] if on_gpu else [16, 64, 256]
+            record["sweeps"]["chunk"] = chunk_sweep(w, device, chunks, warmup=warmup, reps=reps)
+        if "stages" in sweeps:
+            record["sweeps"]["stages"] = stage_times(w, device, chunk_rows, warmup=warmup, reps=reps)
+        if "row_kernel" in sweeps:
+            blocks = [2048, 4096, 8192, 16384] if on_gpu else [256, 1024]
+            record["sweeps"]["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, blocks, [4, 8, 16, 32] if on_gpu else [4],
+                                                               warmup=warmup, reps=reps)
+        if "accuracy" in sweeps:
+            acc_w = Workload(2, 512, hidden, vocab, "bf16" if on_gpu else "fp32")
+            record["sweeps"]["accuracy"] = {"workload": asdict(acc_w), "relative_error": accuracy(acc_w, device)}
+
+    out = Path(args.out) if args.out else Path("figures/data") / (
+        f"bench-{datetime.date.today().isoformat()}-{'h200' if on_gpu else 'cpu'}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    results = [Result(**{k: v for k, v in r.items()}) for r in record["results"]]
+    floor = {(r.batch, r.seq, r.mode): r.median_ms for r in results if r.provider == "floor" and r.mask == "none"}
+    for r in results:  # the forward floor is the logits GEMM, measured in eval mode
+        if r.provider == "floor" and r.mode == "eval":
+            floor[(r.batch, r.seq, "forward")] = r.median_ms
+    print(format_table(results, floor))
+    print(f"record: {out}")
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+import orpo_lib
+
+
+def make_problem(batch=4, seq=7, hidden=48, vocab=517, *, dtype=torch.float32, device="cpu", seed=0,
+                 ignore_index=-100, ignored_fraction=0.25, with_bias=False, with_nll_target=False, logit_scale=1.0):
+    """Seeded random inputs with a ragged mask; every sequence keeps at least its first target token."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden_t = torch.randn(batch, seq, hidden, generator=gen, dtype=torch.float64)
+    weight = torch.randn(vocab, hidden, generator=gen, dtype=torch.float64) * (logit_scale / hidden ** 0.5)
+    bias = torch.randn(vocab, generator=gen, dtype=torch.float64) * 0.5 if with_bias else None
+    target = torch.randint(0, vocab, (batch, seq), generator=gen)
+    ignored = torch.rand(batch, seq, generator=gen) < ignored_fraction
+    ignored[:, -1] = False
+    target[ignored] = ignore_index
+    nll_target = None
+    if with_nll_target:
+        nll_target = torch.randint(0, vocab, (batch, seq), generator=gen)
+        nll_target[torch.rand(batch, seq, generator=gen) < ignored_fraction] = ignore_index
+        nll_target[0, 0] = vocab - 1
+    cast = dict(dtype=dtype, device=device)
+    return dict(hidden=hidden_t.to(**cast), weight=weight.to(**cast),
+                bias=None if bias is None else bias.to(**cast),
+                target=target.to(device), nll_target=None if nll_target is None else nll_target.to(device))
+
+
+def reference_with_grads(problem, **options):
+    """Float64 reference loss, metrics and gradients of hidden, weight (and bias)."""
+    leaves = {k: problem[k].detach().double().requires_grad_() for k in ("hidden", "weight")}
+    if problem["bias"] is not None:
+        leaves["bias"] = problem["bias"].detach().double().requires_grad_()
+    out = orpo_lib.orpo_loss_reference(leaves["hidden"], leaves["weight"], problem["target"], leaves.get("bias"),
+                                       nll_target=problem["nll_target"], **options)
+    out["loss"].backward()
+    return out, {k: v.grad for k, v in leaves.items()}
+
+
+def run_with_grads(loss_fn, problem, upstream=1.0, **options):
+    leaves = {k: problem[k].detach().clone().requires_grad_() for k in ("hidden", "weight")}
+    if problem["bias"] is not None:
+        leaves["bias"] = problem["bias"].detach().clone().requires_grad_()
+    out = loss_fn(leaves["hidden"], leaves["weight"], problem["target"], leaves.get("bias"),
+                  nll_target=problem["nll_target"], **options)
+    (out.loss * upstream).backward()
+    return out, {k: v.grad for k, v in leaves.items()}
+
+
+def rel_err(actual, expected):
+    actual, expected = torch.as_tensor(actual).double().cpu(), torch.as_tensor(expected).double().cpu()
+    scale = expected.norm().clamp_min(1e-12)
+    return ((actual - expected).norm() / scale).item()
+
+
+@pytest.fixture
+def problem():
+    return make_problem()

@@ -1,0 +1,217 @@
+"""The fused loss and the baseline against the float64 reference: loss, every metric, every gradient."""
+
+import math
+
+import pytest
+import torch
+
+import orpo_lib
+from orpo_lib.fused import plan_chunks
+from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
+
+METRICS = ["nll_loss", "or_loss", "chosen_logps", "rejected_logps", "log_odds_ratio", "log_odds_chosen",
+           "chosen_rewards", "rejected_rewards", "reward_accuracy", "reward_margin", "chosen_logits_mean",
+           "rejected_logits_mean"]
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+
+def assert_matches_reference(out, grads, ref, ref_grads, tol):
+    assert torch.isfinite(out.loss).all()
+    assert rel_err(out.loss.detach(), ref["loss"].detach()) < tol
+    for name in METRICS:
+        assert rel_err(getattr(out, name), ref[name]) < tol or abs(
+            getattr(out, name).double().cpu() - ref[name]).max() < tol, name
+    for name, grad in ref_grads.items():
+        assert grads[name] is not None, name
+        assert torch.isfinite(grads[name]).all(), name
+        assert rel_err(grads[name], grad) < tol, name
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 48, 517), (4, 7, 48, 517), (6, 13, 40, 1031)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_matches_reference(shape, with_bias):
+    batch, seq, hidden, vocab = shape
+    problem = make_problem(batch, seq, hidden, vocab, with_bias=with_bias, seed=sum(shape))
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 14, 15, 40, 1000])
+def test_chunk_sizes_including_two_pass(chunk_size):
+    """Chunks smaller than a pair (14 rows here) take the two-pass schedule; every size gives the same result."""
+    problem = make_problem(4, 7, 48, 517, with_nll_target=True, with_bias=True, seed=3)
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=chunk_size)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("options", [
+    dict(beta=0.5),
+    dict(beta=0.0),
+    dict(compute_nll_loss=False),
+    dict(ignore_index=3),  # an ignore_index that is also a real vocabulary id
+])
+def test_options(options):
+    ignore_index = options.get("ignore_index", -100)
+    problem = make_problem(4, 9, 48, 517, with_nll_target=True, ignore_index=ignore_index, seed=11)
+    ref, ref_grads = reference_with_grads(problem, **options)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, **options)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+    if options.get("compute_nll_loss") is False:
+        assert out.nll_loss.item() == 0.0
+
+
+def test_ignore_index_equal_to_a_vocab_id_is_ignored():
+    problem = make_problem(2, 5, 48, 517, seed=5, ignored_fraction=0.0)
+    problem["target"][:, 0] = 3
+    a = orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"], ignore_index=3)
+    dropped = problem["target"].clone()
+    dropped[:, 0] = -100
+    b = orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], dropped)
+    assert a.nll_loss.item() == pytest.approx(b.nll_loss.item(), rel=1e-6)
+    assert a.loss.item() == pytest.approx(b.loss.item(), rel=1e-6)
+
+
+def test_heavy_masking_drops_rows_and_keeps_metrics():
+    """Most tokens ignored (prompt and padding): compaction must not change the loss, grads or logits means."""
+    problem = make_problem(4, 16, 48, 517, ignored_fraction=0.8, with_bias=True, seed=8)
+    problem["target"][:, :6] = -100  # a prompt
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=9)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+    assert (grads["hidden"][:, :6] == 0).all()  # dropped rows get exactly zero gradient
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_inputs(dtype):
+    problem = make_problem(4, 6, 64, 517, dtype=dtype, with_nll_target=True, seed=21)
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[dtype])
+    assert grads["hidden"].dtype == dtype and grads["weight"].dtype == dtype
+
+
+def test_weight_dtype_accumulation_is_an_option(problem):
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=5, fp32_weight_grad=False)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+
+
+def test_upstream_gradient_scales_every_gradient():
+    problem = make_problem(4, 7, 48, 517, with_bias=True, seed=4)
+    _, ref_grads = reference_with_grads(problem)
+    for chunk_size in (None, 5):  # one chunk (scale folded into the GEMMs) and several (scaled at the end)
+        _, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=-2.5, chunk_size=chunk_size)
+        for name, grad in ref_grads.items():
+            assert rel_err(grads[name], -2.5 * grad) < 2e-5, (name, chunk_size)
+
+
+def test_non_contiguous_hidden():
+    problem = make_problem(4, 7, 48, 517, seed=6)
+    ref, ref_grads = reference_with_grads(problem)
+    hidden = problem["hidden"].transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()
+    assert not hidden.is_contiguous()
+    weight = problem["weight"].clone().requires_grad_()
+    out = orpo_lib.fused_linear_orpo_loss(hidden, weight, problem["target"])
+    out.loss.backward()
+    assert rel_err(out.loss.detach(), ref["loss"]) < 2e-5
+    assert rel_err(hidden.grad, ref_grads["hidden"]) < 2e-5
+    assert rel_err(weight.grad, ref_grads["weight"]) < 2e-5
+
+
+def test_frozen_weight_gets_no_gradient(problem):
+    _, ref_grads = reference_with_grads(problem)
+    hidden = problem["hidden"].clone().requires_grad_()
+    weight = problem["weight"].clone()
+    orpo_lib.fused_linear_orpo_loss(hidden, weight, problem["target"]).loss.backward()
+    assert weight.grad is None
+    assert rel_err(hidden.grad, ref_grads["hidden"]) < 2e-5
+
+
+def test_no_grad_forward_matches(problem):
+    ref, _ = reference_with_grads(problem)
+    hidden = problem["hidden"].clone().requires_grad_()
+    with torch.no_grad():
+        out = orpo_lib.fused_linear_orpo_loss(hidden, problem["weight"], problem["target"], chunk_size=4)
+    assert not out.loss.requires_grad
+    assert rel_err(out.loss, ref["loss"]) < 2e-5
+    assert rel_err(out.chosen_logps, ref["chosen_logps"]) < 2e-5
+
+
+def test_backward_twice_is_an_error(problem):
+    hidden = problem["hidden"].clone().requires_grad_()
+    loss = orpo_lib.fused_linear_orpo_loss(hidden, problem["weight"], problem["target"]).loss
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="only once"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("chunk_size", [None, 5])
+def test_deterministic(chunk_size):
+    problem = make_problem(4, 7, 48, 517, with_bias=True, with_nll_target=True, seed=9)
+    first_out, first = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=chunk_size)
+    second_out, second = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=chunk_size)
+    assert torch.equal(first_out.loss, second_out.loss)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def test_module_matches_function(problem):
+    module = orpo_lib.FusedLinearORPOLoss(beta=0.3, chunk_size=6)
+    a = module(problem["hidden"], problem["weight"], problem["target"])
+    b = orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"], beta=0.3, chunk_size=6)
+    assert torch.equal(a.loss, b.loss)
+    assert "beta=0.3" in repr(module)
+
+
+def test_baseline_matches_reference():
+    problem = make_problem(4, 7, 48, 517, with_bias=True, with_nll_target=True, seed=12)
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.orpo_loss_baseline, problem)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+
+
+def near_certain_problem(margin, vocab=517, seq=5, certain_rows=(0,)):
+    """Logits are `margin` at the target and 0 elsewhere in the given rows: p(target) rounds to 1 in float32."""
+    batch, hidden = 4, vocab
+    gen = torch.Generator().manual_seed(1)
+    target = torch.randint(0, vocab, (batch, seq), generator=gen)
+    weight = torch.eye(vocab, hidden, dtype=torch.float64)
+    h = torch.randn(batch, seq, hidden, generator=gen, dtype=torch.float64) * 0.5
+    for row in certain_rows:
+        h[row] = torch.nn.functional.one_hot(target[row], hidden).double() * margin
+    return dict(hidden=h.float(), weight=weight.float(), bias=None, target=target, nll_target=None)
+
+
+@pytest.mark.parametrize("certain_rows", [(0,), (2,), (0, 2)])
+def test_near_certain_sequences_keep_their_log_prob(certain_rows):
+    """Margin 25: p = 1 - 516·e^-25 ≈ 1 - 7e-9 rounds to 1 in float32; the log-prob must stay ≈ -7e-9, not 0."""
+    problem = near_certain_problem(25.0, certain_rows=certain_rows)
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+    expected = -516 * math.exp(-25)
+    logps = torch.cat([out.chosen_logps, out.rejected_logps])
+    for row in certain_rows:
+        assert logps[row].item() == pytest.approx(expected, rel=1e-4)
+    assert_matches_reference(out, grads, ref, ref_grads, 1e-4)
+
+
+@pytest.mark.parametrize("certain_rows", [(0,), (2,), (0, 2)])
+def test_certain_sequences_are_finite(certain_rows):
+    """Margin 200: the log-prob is exactly 0 in float32. The loss and every gradient stay finite."""
+    problem = near_certain_problem(200.0, certain_rows=certain_rows)
+    for loss_fn in (orpo_lib.fused_linear_orpo_loss, orpo_lib.orpo_loss_baseline):
+        out, grads = run_with_grads(loss_fn, problem)
+        assert torch.isfinite(out.loss), loss_fn.__name__
+        assert all(torch.isfinite(g).all() for g in grads.values()), loss_fn.__name__
+        assert math.isfinite(out.log_odds_chosen.item())
+
+
+def test_plan_chunks_packs_whole_pairs_and_splits_long_ones():
+    groups = plan_chunks([3, 4, 10, 2, 2], chunk_rows=8)
+    assert [(g.first_pair, g.end_pair, g.blocks) for g in groups] == [
+        (0, 2, [(0, 7)]),
+        (2, 3, [(7, 15), (15, 17)]),  # one pair longer than a chunk: two passes over token blocks
+        (3, 5, [(17, 21)]),
+    ]
