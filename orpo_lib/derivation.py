@@ -80,7 +80,7 @@ def gradient_check(batch=4, seq=24, hidden=48, vocab=517, *, beta=0.1, seed=0) -
     return {
         "closed_form_dx_error": _relative_error(closed_dx, x64.grad),
         "closed_form_dw_error": _relative_error(closed_dw, w64.grad),
-        "fused_loss_error": abs(float(out.loss.detach()) - float(reference["loss"])) / abs(float(reference["loss"])),
+        "fused_loss_error": abs(out.loss.item() - reference["loss"].item()) / abs(reference["loss"].item()),
         "fused_dx_error": _relative_error(xf.grad, x64.grad),
         "fused_dw_error": _relative_error(wf.grad, w64.grad),
         "fused_margin_error": abs(float(out.reward_margin) - float(reference["reward_margin"])),

@@ -292,3 +292,34 @@ def model_vs_measured(record, impls: tuple[str, ...] = IMPLEMENTATIONS) -> list[
             "measured_gib": measured, "model_gib": model, "error_pct": 100.0 * (model - measured) / measured,
         })
     return rows
+
+
+def cost_summary(batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2) -> dict:
+    """The counts behind the motivation: how big the logits are, the GEMM floor, and the peaks."""
+    logits = batch * seq * vocab
+    floor = floor_flops(batch, seq, hidden, vocab)
+    return {
+        "logits": logits,
+        "logits_gib_dtype": logits * dtype_bytes / GIB,
+        "logits_gib_fp32": logits * FP32_BYTES / GIB,
+        "floor_tflop": floor / 1e12,
+        "floor_ms_predicted": floor / (H200_GEMM_TFLOPS * 1e12) * 1e3,
+        "fused_ms_predicted": predicted_ms(stage_costs("fused", batch, seq, hidden, vocab, dtype_bytes)),
+        "baseline_ms_predicted": predicted_ms(stage_costs("baseline", batch, seq, hidden, vocab, dtype_bytes)),
+        "baseline_peak_gib": peak_gib("baseline", batch, seq, hidden, vocab, dtype_bytes),
+        "fused_peak_gib": peak_gib("fused", batch, seq, hidden, vocab, dtype_bytes),
+    }
+
+
+def stage_table(impl: str, batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2, chunk_rows: int | None = None) -> list[dict]:
+    """Per stage: GFLOP, GB moved, arithmetic intensity and roofline milliseconds on the H200."""
+    rows = []
+    for stage in stage_costs(impl, batch, seq, hidden, vocab, dtype_bytes, chunk_rows):
+        rows.append({
+            "stage": stage["stage"],
+            "gflop": stage["flops"] / 1e9,
+            "gb": stage["bytes"] / 1e9,
+            "flop_per_byte": stage["flops"] / stage["bytes"],
+            "ms_roofline": predicted_ms([stage]),
+        })
+    return rows

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import papermill
 
+# A cell that runs longer than this is stuck (the whole workbook takes well under a minute on CPU).
+CELL_TIMEOUT_S = 240
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
@@ -36,7 +38,7 @@ def execute(source: Path, out_dir: Path, parameters: dict | None = None) -> dict
     start = time.perf_counter()
     papermill.execute_notebook(
         str(source), str(out_dir / source.name), parameters=params, kernel_name="python3",
-        cwd=str(source.parent), progress_bar=False,
+        cwd=str(source.parent), progress_bar=False, execution_timeout=CELL_TIMEOUT_S,
     )
     return {"notebook": out_dir / source.name, "record": record_file, "figures": out_dir / stem,
             "seconds": time.perf_counter() - start}

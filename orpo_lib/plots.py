@@ -41,7 +41,7 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
-    with plt.rc_context({"svg.hashsalt": name}):
+    with plt.rc_context({"svg.hashsalt": name, "svg.fonttype": "none"}):  # text stays searchable
         fig.savefig(paths[0], dpi=150, metadata={"Software": None})
         fig.savefig(paths[1], metadata={"Date": None, "Creator": None})
     return paths

@@ -140,3 +140,17 @@ def gpu_button(description: str, run, *, output_dir: str | Path | None = None) -
 
     button.on_click(on_click)
     return widgets.VBox([widgets.HBox([button, note]), output])
+
+
+def live_chunk_sweep(batch: int, seq: int, hidden: int, vocab: int, chunk_sizes: list[int], output_dir: str | Path | None = None) -> list[dict]:
+    """Time and memory of the fused loss against chunk size, measured now (CUDA only), with the model."""
+    from .bench import Workload, chunk_sweep
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the live sweep needs a CUDA device")
+    sweep = chunk_sweep(Workload(batch, seq, hidden, vocab), torch.device("cuda"), chunk_sizes, warmup=2, reps=5)
+    provenance = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": "this session",
+                  "command": "orpo_lib.widgets.live_chunk_sweep"}
+    fig = plots.chunk_pareto(sweep, provenance, batch=batch, seq=seq, hidden=hidden, vocab=vocab, chunk_sizes=chunk_sizes)
+    _show(fig, output_dir, "chunk-pareto-live")
+    return sweep

@@ -1,0 +1,82 @@
+"""`python -m orpo_lib.figures`: model figures always, measured figures only from a record, provenance on each."""
+
+import json
+
+import pytest
+
+from orpo_lib import figures, measurements
+
+PROVENANCE = {"gpu": "Test GPU X1", "torch": "9.9", "triton": "9.9", "liger": None, "date": "2000-01-01",
+              "commit": "feedfacecafe0123", "command": "python -m orpo_lib.bench --sweeps chunk,stages,row_kernel"}
+MODEL_FIGURES = {"memory-vs-batch-T1024", "memory-vs-batch-T4096", "memory-vs-seq-B16", "memory-breakdown-16x4096"}
+
+
+@pytest.fixture
+def synthetic_record(tmp_path):
+    """Test data in the benchmark schema (never committed to figures/data)."""
+    results = []
+    for seq in (1024, 4096):
+        for batch in (2, 4, 8, 16):
+            for provider, scale in (("floor", 1.0), ("baseline", 1.5), ("fused", 1.05), ("fused_lean", 1.4)):
+                ms = scale * 9.0 * batch * seq / 2048
+                results.append({"provider": provider, "mode": "full", "batch": batch, "seq": seq, "hidden": 4096,
+                                "vocab": 128256, "dtype": "bf16", "mask": "none", "chunk_size": 1024 if provider == "fused_lean" else None,
+                                "median_ms": ms, "min_ms": ms, "max_ms": ms, "reps": 10,
+                                "peak_gib": None, "peak_over_inputs_gib": None if provider == "floor" else batch * 0.1,
+                                "status": "ok", "error": None})
+    sweeps = {
+        "chunk": [{"chunk_size": c, "fp32_weight_grad": f, "median_ms": 150.0, "peak_over_inputs_gib": 1.0 + c / 4096, "status": "ok"}
+                  for c in (1024, 4096) for f in (True, False)],
+        "stages": [{"stage": "logits GEMM", "median_ms": 25.0, "min_ms": 24.0, "max_ms": 26.0, "chunk_rows": 4096}],
+        "row_kernel": [{"block_v": b, "num_warps": w, "write_probs": True, "median_ms": 1.0, "gbps": 3000.0 + b / 10}
+                       for b in (2048, 4096) for w in (4, 8)],
+    }
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "bench-2000-01-01-test.json").write_text(json.dumps({"provenance": PROVENANCE, "results": results, "sweeps": sweeps}))
+    return data
+
+
+def _names(paths):
+    return {p.stem for p in paths}
+
+
+def test_without_records_only_model_figures_and_a_message(tmp_path, capsys):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    written = figures.build_figures(empty, tmp_path / "out")
+    assert _names(written) == MODEL_FIGURES
+    assert {p.suffix for p in written} == {".png", ".svg"}
+    assert measurements.NO_RECORD_MESSAGE in capsys.readouterr().out
+
+
+def test_model_figures_carry_model_and_measurement_provenance(tmp_path):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    figures.build_figures(empty, tmp_path / "out")
+    svg = (tmp_path / "out" / "memory-vs-batch-T4096.svg").read_text()
+    assert "orpo_lib.memory" in svg
+    assert "NVIDIA H200" in svg and "2026-12-02" in svg and "69c8fe5894" in svg
+
+
+def test_a_record_adds_measured_figures_with_its_provenance(synthetic_record, tmp_path):
+    written = figures.build_figures(synthetic_record, tmp_path / "out")
+    assert _names(written) == MODEL_FIGURES | {
+        "batch-scaling-full-T1024", "batch-scaling-full-T4096", "batch-scaling-forward-T1024",
+        "chunk-pareto", "stage-breakdown", "row-kernel"}
+    for name in ("batch-scaling-full-T1024", "chunk-pareto", "row-kernel", "stage-breakdown"):
+        svg = (tmp_path / "out" / f"{name}.svg").read_text()
+        assert "Test GPU X1" in svg and "feedfaceca" in svg and "2000-01-01" in svg, name
+
+
+def test_figures_are_byte_stable(tmp_path):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    first = {p.name: p.read_bytes() for p in figures.build_figures(empty, tmp_path / "a")}
+    second = {p.name: p.read_bytes() for p in figures.build_figures(empty, tmp_path / "b")}
+    assert first == second
+
+
+def test_cli_writes_into_the_given_folder(synthetic_record, tmp_path):
+    assert figures.main(["--data", str(synthetic_record), "--out", str(tmp_path / "cli")]) == 0
+    assert (tmp_path / "cli" / "chunk-pareto.png").exists()

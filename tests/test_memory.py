@@ -1,0 +1,96 @@
+"""The analytic memory model: hand-computed peaks, agreement with the library's chunking, and with H200 measurements."""
+
+import pytest
+
+from orpo_lib import fused, memory
+from orpo_lib.measurements import H200_ANCHORS, H200_MEMORY_CHECK
+
+H, V = 4096, 128256
+
+
+@pytest.mark.parametrize("batch,seq", [(2, 1024), (16, 4096), (6, 100)])
+def test_baseline_peaks_by_hand(batch, seq):
+    logits = batch * seq * V
+    gemm_backward = 2 * logits + V * H * 2 + batch * seq * H * 2  # bf16 dlogits, dW, dX
+    assert sum(memory.peak_bytes("baseline", batch, seq, H, V).values()) == max(12 * logits, gemm_backward)
+    assert sum(memory.peak_bytes("seed_baseline", batch, seq, H, V).values()) == 14 * logits
+
+
+def test_baseline_at_16x4096_is_about_110_gib_for_the_seed_reference():
+    assert memory.peak_gib("seed_baseline", 16, 4096, H, V) == pytest.approx(109.6, abs=0.05)
+    assert memory.peak_gib("baseline", 16, 4096, H, V) == pytest.approx(93.94, abs=0.01)
+
+
+def test_fused_default_multi_chunk_by_hand():
+    batch, seq = 16, 4096
+    tokens, rows = batch * seq, 2 * seq  # one pair per chunk: 8192 rows
+    chunk_loop = rows * V * 2 + rows * H * 2 + 3 * rows * H * 4 + V * H * 4 + tokens * H * 2 + tokens * 28
+    dw_cast = V * H * 4 + V * H * 2 + tokens * H * 2 + tokens * 28
+    assert sum(memory.peak_bytes("fused", batch, seq, H, V).values()) == max(chunk_loop, dw_cast)
+    assert memory.peak_phase("fused", batch, seq, H, V) == "chunk loop"
+
+
+def test_fused_single_chunk_by_hand():
+    batch, seq = 2, 1024
+    tokens = rows = batch * seq
+    expected = rows * V * 2 + rows * H * 2 + rows * H * 4 + rows * H * 2 + V * H * 2 + tokens * H * 2 + tokens * 28
+    assert sum(memory.peak_bytes("fused", batch, seq, H, V).values()) == expected
+
+
+def test_lean_is_bounded_by_weight_gradient_not_logits():
+    lean = memory.peak_bytes("fused_lean", 16, 4096, H, V)
+    assert lean["chunk_logits"] == 1024 * V * 2
+    assert lean["dw_accumulator"] == V * H * 2
+    assert memory.peak_gib("fused_lean", 16, 4096, H, V) < memory.peak_gib("fused", 16, 4096, H, V) / 2
+
+
+@pytest.mark.parametrize("batch,seq,chunk_size", [
+    (2, 1024, None), (16, 1024, None), (8, 1536, None), (16, 4096, None), (4, 300, None),
+    (8, 4096, 1024), (4, 1024, 2048), (6, 100, 450), (2, 32768, None),
+])
+def test_chunking_matches_the_library(batch, seq, chunk_size):
+    pair_rows = [2 * seq] * (batch // 2)
+    rows = chunk_size or fused.auto_chunk_rows(2 * seq, V, 2, __import__("torch").device("cpu"))
+    groups = fused.plan_chunks(pair_rows, rows)
+    model = memory.chunking(batch, seq, chunk_size, V, 2)
+    assert model.rows == max(end - start for g in groups for start, end in g.blocks)
+    assert model.count == sum(len(g.blocks) for g in groups)
+    assert model.passes == (2 if any(len(g.blocks) > 1 for g in groups) else 1)
+
+
+def test_constants_match_the_library():
+    assert memory.DEFAULT_CHUNK_ROWS == fused.DEFAULT_CHUNK_ROWS
+    assert memory.LOGITS_BUDGET_BYTES == fused.LOGITS_BUDGET_BYTES
+
+
+def test_odd_batch_is_rejected():
+    with pytest.raises(ValueError, match="even"):
+        memory.chunking(3, 16)
+
+
+@pytest.mark.parametrize("record,bound_pct", [(H200_ANCHORS, 2.0), (H200_MEMORY_CHECK, 1.5)])
+def test_model_matches_h200_measurements(record, bound_pct):
+    rows = memory.model_vs_measured(record)
+    assert len(rows) >= 8
+    assert max(abs(r["error_pct"]) for r in rows) < bound_pct
+
+
+def test_eval_needs_less_than_training():
+    for impl in memory.IMPLEMENTATIONS:
+        assert memory.peak_gib(impl, 8, 1024, H, V, with_grad=False) < memory.peak_gib(impl, 8, 1024, H, V)
+
+
+def test_stage_costs_count_three_gemms_and_a_fourth_when_recomputing():
+    gemm = 2 * 8 * 4096 * H * V
+    default = memory.stage_costs("fused", 8, 4096, H, V)
+    lean = memory.stage_costs("fused_lean", 8, 4096, H, V)
+    assert sum(s["flops"] for s in default) == 3 * gemm == memory.floor_flops(8, 4096, H, V)
+    assert sum(s["flops"] for s in lean) == 4 * gemm
+    floor_ms = memory.floor_flops(8, 4096, H, V) / (memory.H200_GEMM_TFLOPS * 1e12) * 1e3
+    assert floor_ms < memory.predicted_ms(default) < 1.1 * floor_ms
+    assert memory.predicted_ms(memory.stage_costs("baseline", 8, 4096, H, V)) > 1.15 * floor_ms
+
+
+def test_unknown_implementation():
+    with pytest.raises(ValueError, match="unknown implementation"):
+        memory.peak_bytes("cce", 2, 16, H, V)
