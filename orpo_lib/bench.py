@@ -139,6 +139,10 @@ def _baseline(w, inputs, mode):
 def _liger(w, inputs, mode):
     from liger_kernel.chunked_loss import LigerFusedLinearORPOLoss
 
+    # Liger compiles its chunk function; recompiling with dynamic shapes crashes on torch 2.11,
+    # so each workload starts from a clean cache with static shapes.
+    torch._dynamo.reset()
+    torch._dynamo.config.automatic_dynamic_shapes = False
     liger = LigerFusedLinearORPOLoss()
 
     def loss_fn(h, wt, t, nt):
@@ -326,6 +330,20 @@ def row_kernel_sweep(w: Workload, device, chunk_rows, block_sizes, warps, *, war
     return rows
 
 
+def profile_fused(w: Workload, device, chunk_size=None) -> list:
+    """Device time per kernel of one fused forward + backward, from the PyTorch profiler."""
+    inputs = make_inputs(w, device)
+    run = _fused(chunk_size=chunk_size)(w, inputs, "full")
+    run()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    rows = [{"kernel": e.key[:120], "calls": e.count, "device_ms": e.device_time_total / 1e3}
+            for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["device_ms"])[:30]
+
+
 # ---- the run -------------------------------------------------------------------------------------------
 
 def provenance(device, command, commit=None) -> dict:
@@ -374,7 +392,7 @@ def main(argv=None):
     parser.add_argument("--masks", default="none", help="none,prompt-half")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--sweeps", default="", help="chunk,stages,row_kernel,accuracy")
+    parser.add_argument("--sweeps", default="", help="chunk,stages,row_kernel,profile,accuracy")
     parser.add_argument("--sweep-shape", default=None, help="BxT of the sweeps (default 8x4096 on CUDA, 4x32 on CPU)")
     parser.add_argument("--out", default=None, help="JSON record (default figures/data/bench-<date>-<device>.json)")
     parser.add_argument("--commit", default=None)
@@ -428,6 +446,8 @@ def main(argv=None):
             blocks = [2048, 4096, 8192, 16384] if on_gpu else [256, 1024]
             record["sweeps"]["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, blocks, [4, 8, 16, 32] if on_gpu else [4],
                                                                warmup=warmup, reps=reps)
+        if "profile" in sweeps and on_gpu:
+            record["sweeps"]["profile"] = profile_fused(w, device)
         if "accuracy" in sweeps:
             acc_w = Workload(2, 512, hidden, vocab, "bf16" if on_gpu else "fp32")
             record["sweeps"]["accuracy"] = {"workload": asdict(acc_w), "relative_error": accuracy(acc_w, device)}

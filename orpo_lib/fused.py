@@ -232,13 +232,13 @@ class ChunkedORPO:
         q = block.logits
         scale = block.row_scale if upstream is None else block.row_scale * upstream
         if self.grad_hidden:
-            dx_rows = _mm(q, self.weight) * scale[:, None]
-            self.dx.index_copy_(0, block.rows, dx_rows.to(self.dx.dtype))
+            dx_rows = torch.mul(_mm(q, self.weight), scale[:, None], out=torch.empty_like(block.x))
+            self.dx.index_copy_(0, block.rows, dx_rows)
         if self.grad_weight:
             if self.single_block:  # the whole dW in one GEMM, in the weight's dtype, upstream included
-                self.dw = torch.mm(q.t(), (block.x.float() * scale[:, None]).to(q.dtype))
+                self.dw = torch.mm(q.t(), torch.mul(block.x, scale[:, None], out=torch.empty_like(block.x)))
             else:
-                scaled_x = (block.x.float() * block.row_scale[:, None]).to(q.dtype)
+                scaled_x = torch.mul(block.x, block.row_scale[:, None], out=torch.empty_like(block.x))
                 if self.dw is None:
                     self.dw = _mm(q.t(), scaled_x, self.dw_dtype)
                 else:

@@ -51,20 +51,25 @@ def row_stats_kernel(
 
     # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
     # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
+    # Sums stay per lane (one cross-warp reduction per step, for the max), and the next block is
+    # loaded before the current one is reduced, so a load is always in flight.
     offs = tl.arange(0, BLOCK_V)
     row_max = float("-inf")
-    other_sum = 0.0
-    logit_sum = 0.0
+    other_sums = tl.zeros([BLOCK_V], dtype=tl.float32)
+    logit_sums = tl.zeros([BLOCK_V], dtype=tl.float32)
+    next_x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"), eviction_policy="evict_last")
     for start in range(0, V, BLOCK_V):
         cols = start + offs
-        in_row = cols < V
-        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"), eviction_policy="evict_last")
-        x = x.to(tl.float32)
+        x = next_x.to(tl.float32)
+        next_cols = cols + BLOCK_V
+        next_x = tl.load(row_ptr + next_cols, mask=next_cols < V, other=float("-inf"), eviction_policy="evict_last")
         new_max = tl.maximum(row_max, tl.max(x, axis=0))
         terms = tl.where(cols != target, tl.exp(x - new_max), 0.0)
-        other_sum = other_sum * tl.exp(row_max - new_max) + tl.sum(terms, axis=0)
-        logit_sum += tl.sum(tl.where(in_row, x, 0.0), axis=0)
+        other_sums = other_sums * tl.exp(row_max - new_max) + terms
+        logit_sums += tl.where(cols < V, x, 0.0)
         row_max = new_max
+    other_sum = tl.sum(other_sums, axis=0)
+    logit_sum = tl.sum(logit_sums, axis=0)
 
     target_rel = target_logit - row_max  # <= 0; exactly 0 when the target is the maximum
     target_term = tl.where(has_target, tl.exp(target_rel), 0.0)
