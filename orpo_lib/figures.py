@@ -45,12 +45,15 @@ def build_figures(data_dir: str | Path | None = None, out_dir: str | Path | None
     if record is None:
         print(NO_RECORD_MESSAGE)
         return written
-    for seq in sorted({r["seq"] for r in record.results if r.get("hidden") == SEED_SHAPE["hidden"] and r.get("vocab") == SEED_SHAPE["vocab"]}):
-        fig = plots.batch_scaling(record, seq=seq, mode="full", references=[H200_ANCHORS], **SEED_SHAPE)
-        _save(fig, out, f"batch-scaling-full-T{seq}", written)
-        if seq == 1024:
-            fig = plots.batch_scaling(record, seq=seq, mode="forward", references=[SEED_A100_FORWARD], **SEED_SHAPE)
-            _save(fig, out, f"batch-scaling-forward-T{seq}", written)
+    shapes = sorted({(r["seq"], r["hidden"], r["vocab"]) for r in record.results if r.get("mask", "none") == "none"})
+    for seq, hidden, vocab in shapes:
+        seed_shape = {"hidden": hidden, "vocab": vocab} == SEED_SHAPE
+        suffix = f"T{seq}" if seed_shape else f"T{seq}-H{hidden}-V{vocab}"
+        fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode="full", references=[H200_ANCHORS])
+        _save(fig, out, f"batch-scaling-full-{suffix}", written)
+        if record.select(mode="forward", seq=seq, hidden=hidden, vocab=vocab):
+            fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode="forward", references=[SEED_A100_FORWARD])
+            _save(fig, out, f"batch-scaling-forward-{suffix}", written)
     sweeps = record.sweeps
     shape = _sweep_shape(record)
     if sweeps.get("chunk") and shape:
@@ -70,8 +73,10 @@ def _sweep_shape(record) -> dict | None:
     words = command.split()
     text = words[words.index("--sweep-shape") + 1] if "--sweep-shape" in words else "8x4096"
     batch, seq = (int(v) for v in text.split("x"))
-    hidden = int(words[words.index("--hidden") + 1]) if "--hidden" in words else SEED_SHAPE["hidden"]
-    vocab = int(words[words.index("--vocab") + 1]) if "--vocab" in words else SEED_SHAPE["vocab"]
+    # bench.py runs the sweeps at the record's hidden and vocab sizes
+    first = record.results[0] if record.results else SEED_SHAPE
+    hidden = int(words[words.index("--hidden") + 1]) if "--hidden" in words else first["hidden"]
+    vocab = int(words[words.index("--vocab") + 1]) if "--vocab" in words else first["vocab"]
     return {"batch": batch, "seq": seq, "hidden": hidden, "vocab": vocab}
 
 

@@ -46,15 +46,20 @@ def load_bench_record(path: str | Path) -> BenchRecord:
     return BenchRecord(provenance=raw["provenance"], results=raw.get("results", []), sweeps=raw.get("sweeps") or {}, source=Path(path).name)
 
 
+def is_gpu_record(record: BenchRecord) -> bool:
+    """True for a run on a GPU (bench.py names a CPU run "CPU (...)")."""
+    return not str(record.provenance.get("gpu") or "CPU").startswith("CPU")
+
+
 def load_bench_records(data_dir: str | Path | None = None) -> list[BenchRecord]:
-    """Every benchmark record in ``data_dir`` (default ``figures/data``), oldest first."""
+    """Every benchmark record in ``data_dir`` (default ``figures/data``): CPU runs first, then GPU runs, oldest first."""
     directory = Path(data_dir) if data_dir else DATA_DIR
     records = [load_bench_record(p) for p in sorted(directory.glob("*.json"))]
-    return sorted(records, key=lambda r: (str(r.provenance.get("date", "")), r.source))
+    return sorted(records, key=lambda r: (is_gpu_record(r), str(r.provenance.get("date", "")), r.source))
 
 
 def latest_bench_record(data_dir: str | Path | None = None) -> BenchRecord | None:
-    """The newest record, or None when no GPU run has been committed."""
+    """The newest GPU record (a CPU record only when there is no GPU one), or None when there is none."""
     records = load_bench_records(data_dir)
     return records[-1] if records else None
 

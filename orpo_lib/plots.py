@@ -11,6 +11,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from . import memory
 from .measurements import BenchRecord, provenance_caption
@@ -276,6 +277,7 @@ def batch_scaling(
             captions.append(f"Reference ({reference.source}): " + provenance_caption(reference.provenance))
     for ax, ylabel in ((time_ax, f"{mode} (ms, median; bars: min–max)"), (mem_ax, "peak memory over inputs (GiB)")):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_yscale("log")
         ax.set_xlabel("batch B")
         ax.set_ylabel(ylabel)

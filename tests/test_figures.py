@@ -15,11 +15,11 @@ MODEL_FIGURES = {"memory-vs-batch-T1024", "memory-vs-batch-T4096", "memory-vs-se
 def synthetic_record(tmp_path):
     """Test data in the benchmark schema (never committed to figures/data)."""
     results = []
-    for seq in (1024, 4096):
+    for seq, mode in ((1024, "full"), (4096, "full"), (1024, "forward")):
         for batch in (2, 4, 8, 16):
             for provider, scale in (("floor", 1.0), ("baseline", 1.5), ("fused", 1.05), ("fused_lean", 1.4)):
                 ms = scale * 9.0 * batch * seq / 2048
-                results.append({"provider": provider, "mode": "full", "batch": batch, "seq": seq, "hidden": 4096,
+                results.append({"provider": provider, "mode": mode, "batch": batch, "seq": seq, "hidden": 4096,
                                 "vocab": 128256, "dtype": "bf16", "mask": "none", "chunk_size": 1024 if provider == "fused_lean" else None,
                                 "median_ms": ms, "min_ms": ms, "max_ms": ms, "reps": 10,
                                 "peak_gib": None, "peak_over_inputs_gib": None if provider == "floor" else batch * 0.1,
@@ -80,3 +80,9 @@ def test_figures_are_byte_stable(tmp_path):
 def test_cli_writes_into_the_given_folder(synthetic_record, tmp_path):
     assert figures.main(["--data", str(synthetic_record), "--out", str(tmp_path / "cli")]) == 0
     assert (tmp_path / "cli" / "chunk-pareto.png").exists()
+
+
+def test_a_gpu_record_wins_over_a_newer_cpu_record(synthetic_record):
+    cpu = {"provenance": {**PROVENANCE, "gpu": "CPU (x86_64)", "date": "2099-01-01"}, "results": [], "sweeps": {}}
+    (synthetic_record / "bench-2099-01-01-cpu.json").write_text(json.dumps(cpu))
+    assert measurements.latest_bench_record(synthetic_record).provenance["gpu"] == "Test GPU X1"
