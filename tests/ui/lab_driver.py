@@ -546,6 +546,14 @@ class NotebookPage:
         cell = self.panel.locator(".jp-CodeCell").filter(has=self._label(description))
         return "\n".join(cell.locator(".widget-output").all_text_contents())
 
+    def output_images(self, description: str) -> list[str]:
+        """The ``src`` of each image in the widget Output areas of the cell holding
+        ``description``: equal strings mean the same figure, a new string a redrawn one."""
+        self.widget(description)
+        cell = self.panel.locator(".jp-CodeCell").filter(has=self._label(description))
+        images = cell.locator(".widget-output img")
+        return [images.nth(i).get_attribute("src") for i in range(images.count())]
+
     def cell_index(self, description: str) -> int:
         """Index, among the code cells, of the cell that holds the widget ``description``."""
         return self.widget(description).evaluate(

@@ -6,6 +6,7 @@ structure, never on pixels.
 """
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ RUN_ALL_TIMEOUT_S = 480
 # and table that orpo_lib.widgets.show_memory prints above its figure.
 MEMORY_CONTROLS = {"batch": "batch B", "seq": "seq T", "hidden": "hidden H", "vocab": "vocab V"}
 MEMORY_CHUNK_CONTROL = "chunk rows (0: default)"
+# orpo_lib.widgets.batch_scaling_explorer: sequence length (1024 or 4096) and mode.
+SCALING_SEQ_CONTROL = "seq T"
+SCALING_MODE_CONTROL = "mode"
 
 
 def test_workbook_has_its_notebooks():
@@ -40,6 +44,8 @@ def test_notebook_in_jupyterlab(open_notebook, name):
 
     if "memory" in name:
         check_memory_explorer(notebook)
+    if "batch-scaling" in name:
+        check_batch_scaling_explorer(notebook)
 
     after_widgets = notebook.report()
     assert after_widgets.errors == [], "the widgets produced error outputs"
@@ -95,17 +101,43 @@ def check_memory_view(notebook, shape: dict, chunk_rows: int) -> str:
 
 
 def check_memory_explorer(notebook):
-    """Move batch, then sequence length; the table must follow orpo_lib.memory each time."""
+    """Move batch, then sequence length; the table must follow orpo_lib.memory each time and the
+    breakdown figure be redrawn."""
     shape = {key: int(notebook.widget_value(label)) for key, label in MEMORY_CONTROLS.items()}
     chunk_rows = int(notebook.widget_value(MEMORY_CHUNK_CONTROL))
     text = check_memory_view(notebook, shape, chunk_rows)
+    figures = notebook.output_images(MEMORY_CONTROLS["batch"])
+    assert len(figures) == 1, "the memory view shows one breakdown figure"
 
     for key, new in (("batch", shape["batch"] // 2), ("seq", shape["seq"] // 4)):
         shape[key] = new
         notebook.set_widget(MEMORY_CONTROLS[key], new)
         notebook.wait_for_output_change(MEMORY_CONTROLS[key], text)
-        before = text
-        text = check_memory_view(notebook, shape, chunk_rows)
+        before, text = text, check_memory_view(notebook, shape, chunk_rows)
         assert text != before
-        cell = notebook.cell_index(MEMORY_CONTROLS[key])
-        assert [f for f in notebook.figures() if f["cell"] == cell], "no figure in the view"
+        before, figures = figures, notebook.output_images(MEMORY_CONTROLS[key])
+        assert len(figures) == 1 and figures != before, f"figure not redrawn for {key}={new}"
+
+
+def check_batch_scaling_explorer(notebook):
+    """Move sequence length, then mode: the view redraws its figure for each, without errors.
+
+    The view prints no numbers of its own (only whether a benchmark record exists), so there is
+    no text to hold against orpo_lib.memory here; the figure must be replaced, and decoded.
+    """
+    seq = int(notebook.widget_value(SCALING_SEQ_CONTROL))
+    figures = notebook.output_images(SCALING_SEQ_CONTROL)
+    assert len(figures) == 1, "the batch-scaling view shows one figure"
+    for label, value in (
+        (SCALING_SEQ_CONTROL, 4096 if seq == 1024 else 1024),
+        (SCALING_MODE_CONTROL, "forward"),
+    ):
+        notebook.set_widget(label, value)
+        before = figures
+        deadline = time.monotonic() + 60
+        while (figures := notebook.output_images(label)) in (before, []):
+            assert time.monotonic() < deadline, f"figure not redrawn after {label}={value}"
+            time.sleep(0.25)
+        assert len(figures) == 1
+    cell = notebook.cell_index(SCALING_SEQ_CONTROL)
+    assert [f for f in notebook.figures() if f["cell"] == cell and f["width"] > 50]
