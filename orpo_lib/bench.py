@@ -305,28 +305,29 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
     return rows
 
 
-def row_kernel_sweep(w: Workload, device, chunk_rows, block_sizes, warps, *, warmup, reps) -> list:
-    """Achieved bandwidth of the row kernel (statistics and probabilities) for block size and warp count."""
+def row_kernel_sweep(w: Workload, device, chunk_rows, launches, *, warmup, reps) -> list:
+    """Time of the row kernel (statistics alone, and with probabilities) for each launch configuration."""
     dtype = DTYPES[w.dtype]
     gen = torch.Generator(device=device).manual_seed(3)
     logits = torch.randn(chunk_rows, w.vocab, device=device, dtype=dtype, generator=gen) * 3
+    snapshot = logits.clone()
     target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
     token = torch.arange(chunk_rows, device=device)
     stats = [torch.zeros(chunk_rows, device=device) for _ in range(3)]
     nbytes = logits.numel() * logits.element_size()
+    copy_ms = time_call(lambda: logits.copy_(snapshot), device, warmup, reps)[0]
     rows = []
-    for block in block_sizes:
-        for num_warps in warps:
-            for write in (False, True):
-                def run():
-                    kernels.row_stats_kernel[(chunk_rows,)](
-                        logits, logits.stride(0), target, target, token, *stats, w.vocab,
-                        BLOCK_V=block, WRITE_PROBS=write, num_warps=num_warps)
-                median, _, _, _ = time_call(run, device, warmup, reps)
-                moved = nbytes * (3 if write else 1)  # read; or read + write + (L2 or HBM) re-read
-                rows.append({"block_v": block, "num_warps": num_warps, "write_probs": write,
-                             "median_ms": median, "gbps": moved / (median * 1e-3) / 1e9,
-                             "hbm_gbps_if_reread_hits_l2": nbytes * (2 if write else 1) / (median * 1e-3) / 1e9})
+    for launch in launches:
+        for write in (False, True):
+            def run():
+                if write:
+                    logits.copy_(snapshot)
+                kernels.row_stats(logits, target, target, token, *stats, write_probs=write, launch=launch)
+            median = time_call(run, device, warmup, reps)[0] - (copy_ms if write else 0.0)
+            hbm_bytes = nbytes * (2 if write else 1)  # one read (+ one write); the re-read meant for L2
+            rows.append({"block_v": launch.block_v, "num_warps": launch.num_warps,
+                         "l2_rows_bytes": launch.l2_rows_bytes, "write_probs": write, "median_ms": median,
+                         "gbps": hbm_bytes / (median * 1e-3) / 1e9})
     return rows
 
 
@@ -443,9 +444,12 @@ def main(argv=None):
         if "stages" in sweeps:
             record["sweeps"]["stages"] = stage_times(w, device, chunk_rows, warmup=warmup, reps=reps)
         if "row_kernel" in sweeps:
-            blocks = [2048, 4096, 8192, 16384] if on_gpu else [256, 1024]
-            record["sweeps"]["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, blocks, [4, 8, 16, 32] if on_gpu else [4],
-                                                               warmup=warmup, reps=reps)
+            if on_gpu:
+                launches = [kernels.RowLaunch(b, nw, l2) for b, nw in ((2048, 4), (4096, 8), (8192, 16), (16384, 32))
+                            for l2 in (0, 16 << 20, 32 << 20, 64 << 20)]
+            else:
+                launches = [kernels.RowLaunch(256, 4), kernels.RowLaunch(1024, 4, 1 << 16)]
+            record["sweeps"]["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, launches, warmup=warmup, reps=reps)
         if "profile" in sweeps and on_gpu:
             record["sweeps"]["profile"] = profile_fused(w, device)
         if "accuracy" in sweeps:

@@ -128,6 +128,9 @@ class ChunkedORPO:
             self.kept_mask = counts.target_valid | counts.nll_valid
             pair_order = pair_order[self.kept_mask.view(-1)[pair_order]]
         self.row_tokens = pair_order
+        # A (B*T, H) view of hidden for fast row gathers, when its strides allow one.
+        self.hidden_rows = hidden.view(tokens, hidden_size) if hidden.stride(1) == hidden_size * hidden.stride(2) \
+            and hidden.stride(0) == seq * hidden.stride(1) else None
         pair_rows = [counts.kept_per_seq[i] + counts.kept_per_seq[i + self.pairs] for i in range(self.pairs)]
 
         chunk_rows = chunk_size or auto_chunk_rows(max(pair_rows), vocab, hidden.element_size(), device)
@@ -184,7 +187,8 @@ class ChunkedORPO:
 
     def _logits(self, span) -> _Block:
         rows = self.row_tokens[span[0]:span[1]]
-        x = self.hidden[rows // self.seq, rows % self.seq]
+        x = self.hidden_rows.index_select(0, rows) if self.hidden_rows is not None else \
+            self.hidden[rows // self.seq, rows % self.seq]
         logits = self.buffer[: len(rows)]
         if self.bias is None:
             torch.mm(x, self.weight.t(), out=logits)
