@@ -87,20 +87,21 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
                                 "token_state": token_state})]
     dx = tokens * hidden * dtype_bytes
     dw = vocab * hidden * dtype_bytes
-    rows_fp32 = chunk.rows * hidden * FP32_BYTES
-    # While dW's operand -s ⊙ X is formed, the chunk's fp32 dX rows are still alive, next to X in
-    # fp32 and its scaled copy.
-    operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows, "chunk_dx_fp32": rows_fp32,
-               "scaled_rows_fp32": 2 * rows_fp32}
+    # The chunk's dX rows come out of the GEMM in fp32 and are scaled into the input dtype; the
+    # scaled rows stay alive while dW's operand -s ⊙ X is formed, also in the input dtype.
+    dx_gemm = {"chunk_logits": buffer, "gathered_rows": gathered_rows,
+               "chunk_dx_fp32": chunk.rows * hidden * FP32_BYTES, "chunk_dx_rows": gathered_rows}
+    dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows, "chunk_dx_rows": gathered_rows,
+                  "scaled_rows": gathered_rows}
     if chunk.count == 1:
         # One chunk: its dX and dW GEMMs wait for backward; dW is produced once, in the weight dtype.
         return [
-            ("chunk dW operand", {**operand, "dx": dx, "token_state": token_state}),
-            ("chunk dW GEMM", {"chunk_logits": buffer, "gathered_rows": gathered_rows, "chunk_dx_fp32": rows_fp32,
-                               "scaled_rows": gathered_rows, "dw": dw, "dx": dx, "token_state": token_state}),
+            ("chunk dX GEMM", {**dx_gemm, "dx": dx, "token_state": token_state}),
+            ("chunk dW GEMM", {**dw_operand, "dw": dw, "dx": dx, "token_state": token_state}),
         ]
     dw_accumulator = vocab * hidden * (FP32_BYTES if dw_fp32 else dtype_bytes)
-    phases = [("chunk loop", {**operand, "dw_accumulator": dw_accumulator, "dx": dx, "token_state": token_state})]
+    common = {"dw_accumulator": dw_accumulator, "dx": dx, "token_state": token_state}
+    phases = [("chunk dX GEMM", {**dx_gemm, **common}), ("chunk dW GEMM", {**dw_operand, **common})]
     if dw_fp32:
         # The chunk buffer is freed before the fp32 accumulator is cast to the weight dtype.
         phases.append(("dW cast", {"dw_accumulator": dw_accumulator, "dw": dw, "dx": dx, "token_state": token_state}))
