@@ -35,9 +35,9 @@ lab: $(STAMP)  ## open the workbook in JupyterLab (kernel python3 from .venv; no
 
 ui-test: $(STAMP)  ## run, check and screenshot every notebook in JupyterLab + Chromium (build/ui)
 	test -x /usr/bin/chromium || { as_root=$$([ "$$(id -u)" = 0 ] || echo sudo); $$as_root apt-get update -qq && \
-		$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+		$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test,ui-test]'
-	UI_TEST=1 timeout -k 30 3000 $(PY) -m pytest -v tests/ui
+	UI_TEST=1 timeout --foreground -k 30 1800 $(PY) -m pytest -v tests/ui
 
 strip: $(STAMP)  ## strip outputs from the committed notebooks
 	$(VENV)/bin/nbstripout --extra-keys "metadata.papermill cell.metadata.papermill" notebooks/*.ipynb
