@@ -290,17 +290,20 @@ class ChromiumBrowser:
         return page
 
     def stop(self) -> None:
-        if self._playwright is not None:
-            try:
-                self.browser.close()
-            finally:
-                self._playwright.stop()
-                self._playwright = None
-        if self.process is not None:
-            stop_pid(self.process.pid, _family(self.process.pid))
-            self.process.wait(timeout=5)
-            self.process = None
-            _live.remove(self)
+        try:
+            if self._playwright is not None:
+                try:
+                    self.browser.close()
+                finally:
+                    self._playwright.stop()
+                    self._playwright = None
+        finally:
+            # Whatever happened to the CDP connection, the browser process goes.
+            if self.process is not None:
+                stop_pid(self.process.pid, _family(self.process.pid))
+                self.process.wait(timeout=5)
+                self.process = None
+                _live.remove(self)
 
 
 @dataclass
