@@ -1,0 +1,67 @@
+"""The benchmark harness at a tiny shape on the CPU: every provider recorded, with provenance."""
+
+import json
+
+import torch
+
+from orpo_lib import bench
+
+
+def test_harness_records_every_provider_and_mode(tmp_path):
+    out = tmp_path / "record.json"
+    record = bench.main(["--shapes", "2x8", "--hidden", "32", "--vocab", "101", "--reps", "1", "--warmup", "0",
+                         "--providers", "floor,baseline,fused,fused_lean", "--masks", "none,prompt-half",
+                         "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(record))
+    assert {"gpu", "torch", "triton", "date", "commit", "command"} <= set(saved["provenance"])
+    rows = saved["results"]
+    assert {(r["provider"], r["mode"]) for r in rows} == {
+        ("floor", "full"), ("floor", "eval"),
+        *((p, m) for p in ("baseline", "fused", "fused_lean") for m in ("full", "forward", "eval"))}
+    assert {r["mask"] for r in rows} == {"none", "prompt-half"}
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert r["reps"] == 1 and r["tflops"] > 0
+    assert all(r["chunk_size"] == bench.LEAN_CHUNK_ROWS for r in rows if r["provider"] == "fused_lean")
+
+
+def test_a_failing_provider_is_recorded_not_raised(monkeypatch):
+    def out_of_memory(w, inputs, mode):
+        def run():
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 110.00 GiB")
+        return run
+
+    def broken(w, inputs, mode):
+        def run():
+            raise RuntimeError("kernel failed")
+        return run
+
+    monkeypatch.setitem(bench.PROVIDERS, "oom", out_of_memory)
+    monkeypatch.setitem(bench.PROVIDERS, "broken", broken)
+    w = bench.Workload(2, 4, 16, 50, "fp32")
+    inputs = bench.make_inputs(w, torch.device("cpu"))
+    oom = bench.measure("oom", "full", w, inputs, torch.device("cpu"), warmup=0, reps=1)
+    assert oom.status == "oom" and "110.00 GiB" in oom.error and oom.median_ms is None
+    err = bench.measure("broken", "full", w, inputs, torch.device("cpu"), warmup=0, reps=1)
+    assert err.status == "error" and "kernel failed" in err.error
+
+
+def test_inputs_are_random_not_zero():
+    w = bench.Workload(2, 16, 32, 101, "fp32", mask="prompt-half")
+    hidden, weight, target, nll_target = bench.make_inputs(w, torch.device("cpu"))
+    assert hidden.std() > 0.5 and weight.abs().min() >= 0 and weight.std() > 0
+    assert (target[:, :8] == -100).all() and (target[:, 8:] >= 0).all() and nll_target is None
+
+
+def test_sweeps_run_on_cpu(tmp_path):
+    record = bench.main(["--shapes", "2x4", "--hidden", "16", "--vocab", "67", "--reps", "1", "--warmup", "0",
+                         "--providers", "fused", "--modes", "full", "--sweeps", "chunk,stages,row_kernel,accuracy",
+                         "--sweep-shape", "2x8", "--out", str(tmp_path / "r.json")])
+    sweeps = record["sweeps"]
+    assert {r["status"] for r in sweeps["chunk"]} == {"ok"}
+    assert {s["stage"] for s in sweeps["stages"]} >= {"logits GEMM", "row stats (read)", "dX GEMM (fp32 out)"}
+    assert len(sweeps["row_kernel"]) == 4
+    errors = sweeps["accuracy"]["relative_error"]
+    assert errors["fused"]["grad_weight"] < 1e-4 and errors["baseline"]["grad_weight"] < 1e-4
