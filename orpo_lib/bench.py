@@ -274,7 +274,7 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
     nll_target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
     token = torch.arange(chunk_rows, device=device)
     stats = [torch.zeros(chunk_rows, device=device) for _ in range(3)]
-    values = torch.rand(chunk_rows, device=device, generator=gen)
+    seq_coef = -torch.rand(chunk_rows, device=device, generator=gen)
     acc = torch.zeros(w.vocab, w.hidden, device=device)
     torch.mm(x, weight.t(), out=logits)
     snapshot = logits.clone()
@@ -291,7 +291,8 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
         "row stats (read)": row_stats_only,
         "copy (restores the chunk)": lambda: logits.copy_(snapshot),
         "row stats + probs (read, write) + copy": row_stats_and_probs,
-        "target columns": lambda: kernels.write_target_grads(logits, target, nll_target, values, values),
+        "target columns": lambda: kernels.target_grads(logits, target, nll_target, token, stats[0], stats[1],
+                                                       seq_coef, -1.0 / chunk_rows, 1),
         "dX GEMM (fp32 out)": lambda: _mm(logits, weight),
         "dW GEMM (weight dtype out)": lambda: torch.mm(logits.t(), x),
         "dW GEMM (fp32 accumulate)": lambda: _addmm_(acc, logits.t(), x),

@@ -9,7 +9,7 @@ How one chunk of C token rows is processed (G is dL/dlogits, P the softmax, X th
    ``a_i = dL/dlogp_i`` of the odds-ratio target, ``b_i`` that of the NLL target, so that
    ``G_i = a_i·onehot(y_i) + b_i·onehot(y'_i) - s_i·P_i`` with ``s_i = a_i + b_i``.
 4. Writing ``G = -s ⊙ Q`` with ``Q = P - (a/s)·onehot(y) - (b/s)·onehot(y')``, only the (at most two)
-   target columns of each row change: ``write_target_grads_kernel`` sets them from the float32
+   target columns of each row change: ``target_grads_kernel`` sets them from the float32
    log-probs (precise even when p ≈ 1). The per-row scale -s goes onto the small operands:
    ``dX = -s ⊙ (Q @ W)`` and ``dW += Q.T @ (-s ⊙ X)``.
 
@@ -216,20 +216,9 @@ class ChunkedORPO:
         self.seq_coef[rejected] = (d_rejected / self.pairs).float() / self.tokens_per_seq[rejected]
 
     def _write_target_columns(self, block: _Block) -> None:
-        has_target = block.target >= 0
-        has_nll = block.nll_target >= 0
-        a = torch.where(has_target, self.seq_coef[block.rows // self.seq], 0.0)
-        b = torch.where(has_nll, -1.0 / self.nll_tokens, 0.0) if self.compute_nll_loss else torch.zeros_like(a)
-        s = a + b  # a and b never have opposite signs, so s = 0 only where the row has no gradient
-        inv_s = 1.0 / torch.where(s == 0, 1.0, s)
-        ratio_a, ratio_b = a * inv_s, b * inv_s  # they sum to 1 wherever s != 0
-        # Q[y] = p_y - a/s (- b/s when both targets share the column). Written as the other ratio plus
-        # expm1(log p) = p - 1, so that nothing cancels when p ≈ 1 and the ratios ≈ 0 or 1.
-        same_column = block.nll_target == block.target
-        target_value = torch.where(same_column, 0.0, ratio_b) + torch.expm1(self.logp[block.rows])
-        nll_value = ratio_a + torch.expm1(self.nll_logp[block.rows])
-        kernels.write_target_grads(block.logits, block.target, block.nll_target, target_value, nll_value)
-        block.row_scale = -s
+        nll_coef = -1.0 / self.nll_tokens if self.compute_nll_loss else 0.0
+        block.row_scale = kernels.target_grads(block.logits, block.target, block.nll_target, block.rows, self.logp,
+                                               self.nll_logp, self.seq_coef, nll_coef, self.seq)
 
     def _block_grads(self, block: _Block, upstream=None) -> None:
         """dX rows, dW and dbias contributions of one chunk; ``upstream`` folds in the loss gradient."""

@@ -5,8 +5,9 @@ A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. T
 * ``row_stats_kernel`` — a row at a time per program: an online log-sum-exp over the vocabulary,
   the log-probs of the two targets and the row sum of logits; with ``WRITE_PROBS`` it then
   rewrites the row in place into softmax probabilities (the second read comes from L2).
-* ``write_target_grads_kernel`` — once the pair coefficients are known, overwrites the (at most
-  two) target columns of each row with their gradient entries, computed from the precise log-probs.
+* ``target_grads_kernel`` — once the pair coefficients are known, computes each row's gradient
+  scale and overwrites its (at most two) target columns with their entries, from the precise
+  float32 log-probs.
 
 The probabilities do not depend on the pair, so a row is finished in one visit; the pair enters
 only through per-row scalars that the GEMMs apply to their small operands (see ``fused.py``).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from ._triton_mode import INTERPRET  # decides compile vs interpret before @triton.jit runs
 
+import torch
 import triton
 import triton.language as tl
 
@@ -98,13 +100,26 @@ def row_stats_kernel(
 
 
 @triton.jit
-def write_target_grads_kernel(
+def _expm1(x):
+    # exp(x) - 1 for x <= 0 without losing a tiny x to rounding (Kahan's trick; tl has no expm1).
+    u = tl.exp(x)
+    ratio = (u - 1.0) * x / tl.log(tl.where((u == 1.0) | (u == 0.0), 0.5, u))
+    return tl.where(u == 1.0, x, tl.where(u == 0.0, -1.0, ratio))
+
+
+@triton.jit
+def target_grads_kernel(
     logits_ptr,  # (C, V) chunk holding probabilities
     stride_row,
-    target_ptr,  # (C,) int32, -1 where ignored
-    nll_target_ptr,  # (C,) int32, -1 where ignored
-    target_value_ptr,  # (C,) fp32 entry for the target column
-    nll_target_value_ptr,  # (C,) fp32 entry for the NLL target column (when it differs)
+    target_ptr,  # (C,) int32 odds-ratio target id, -1 where ignored
+    nll_target_ptr,  # (C,) int32 NLL target id, -1 where ignored
+    token_ptr,  # (C,) int64 index of each row in the flattened (B*T) per-token arrays
+    logp_ptr,  # (B*T,) fp32 log p(target) from row_stats_kernel
+    nll_logp_ptr,  # (B*T,) fp32 log p(nll target)
+    seq_coef_ptr,  # (B,) fp32 dL/dlogp of each odds-ratio token of the sequence
+    row_scale_ptr,  # (C,) fp32 out: -s, the factor that turns Q into dL/dlogits
+    nll_coef,  # dL/dlogp of each NLL token: -1 / (NLL tokens), 0 without the NLL term
+    seq_len,
     C,
     BLOCK: tl.constexpr,
 ):
@@ -112,12 +127,24 @@ def write_target_grads_kernel(
     in_chunk = rows < C
     target = tl.load(target_ptr + rows, mask=in_chunk, other=-1)
     nll_target = tl.load(nll_target_ptr + rows, mask=in_chunk, other=-1)
+    token = tl.load(token_ptr + rows, mask=in_chunk, other=0)
+    a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len, mask=in_chunk, other=0.0), 0.0)
+    b = tl.where(nll_target >= 0, nll_coef, 0.0)
+    s = a + b  # a and b never have opposite signs, so s = 0 only where the row has no gradient
+    inv_s = 1.0 / tl.where(s == 0.0, 1.0, s)
+    ratio_a = a * inv_s  # the two ratios sum to 1 wherever s != 0
+    ratio_b = b * inv_s
+    # Q[y] = p_y - a/s (- b/s when both targets share the column), written as the other ratio plus
+    # expm1(log p) = p - 1, so that nothing cancels when p ≈ 1 and the ratios ≈ 0 or 1.
+    logp = tl.load(logp_ptr + token, mask=in_chunk, other=0.0)
+    nll_logp = tl.load(nll_logp_ptr + token, mask=in_chunk, other=0.0)
+    target_value = tl.where(nll_target == target, 0.0, ratio_b) + _expm1(logp)
+    nll_value = ratio_a + _expm1(nll_logp)
+    tl.store(row_scale_ptr + rows, -s, mask=in_chunk)
     row_ptr = logits_ptr + rows.to(tl.int64) * stride_row
     elem = logits_ptr.dtype.element_ty
-    value = tl.load(target_value_ptr + rows, mask=in_chunk, other=0.0)
-    tl.store(row_ptr + target, value.to(elem), mask=target >= 0)
-    nll_value = tl.load(nll_target_value_ptr + rows, mask=in_chunk, other=0.0)
-    tl.store(row_ptr + nll_target, nll_value.to(elem), mask=(nll_target >= 0) & (nll_target != target))
+    tl.store(row_ptr + target, target_value.to(elem), mask=in_chunk & (target >= 0))
+    tl.store(row_ptr + nll_target, nll_value.to(elem), mask=in_chunk & (nll_target >= 0) & (nll_target != target))
 
 
 @dataclass(frozen=True)
@@ -153,12 +180,13 @@ def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, *, w
     )
 
 
-def write_target_grads(logits, target, nll_target, target_value, nll_target_value) -> None:
-    """Launch ``write_target_grads_kernel``: set each row's target columns to their gradient entries."""
+def target_grads(logits, target, nll_target, token, logp, nll_logp, seq_coef, nll_coef: float, seq_len: int):
+    """Launch ``target_grads_kernel``: each row's target columns of Q, and its scale -s (returned)."""
     rows = logits.shape[0]
+    row_scale = torch.empty(rows, device=logits.device, dtype=torch.float32)
     block = 256
-    write_target_grads_kernel[(triton.cdiv(rows, block),)](
-        logits, logits.stride(0), target, nll_target, target_value, nll_target_value, rows,
-        BLOCK=block, num_warps=4,
+    target_grads_kernel[(triton.cdiv(rows, block),)](
+        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, seq_coef, row_scale, nll_coef,
+        seq_len, rows, BLOCK=block, num_warps=4,
     )
-
+    return row_scale
