@@ -64,6 +64,45 @@ def latest_bench_record(data_dir: str | Path | None = None) -> BenchRecord | Non
     return records[-1] if records else None
 
 
+# The providers ``python -m orpo_lib.bench`` measures, in the order the workbook lists them.
+BENCH_PROVIDERS = ("floor", "baseline", "fused", "fused_lean", "liger")
+
+
+def floor_mode(mode: str) -> str:
+    """The floor rows a mode is compared with: the three GEMMs for "full"; the logits GEMM alone
+    (recorded as mode "eval") for "eval" and "forward", which has no floor rows of its own."""
+    return "full" if mode == "full" else "eval"
+
+
+def batch_scaling_rows(record: BenchRecord, *, mode: str, seq: int, hidden: int, vocab: int, batches: list[int],
+                       mask: str = "none") -> list[dict]:
+    """Per batch and provider: median ms, ratio to the floor measured in the same run, peak over inputs, status.
+
+    Only workloads the record holds give rows; a failed run (e.g. "oom") keeps its status and no numbers.
+    """
+    rows = []
+    for batch in batches:
+        shape = {"batch": batch, "seq": seq, "hidden": hidden, "vocab": vocab, "mask": mask}
+        floor = record.select(provider="floor", mode=floor_mode(mode), **shape)
+        floor_ms = floor[0]["median_ms"] if floor else None
+        for provider in BENCH_PROVIDERS:
+            found = record.select(provider=provider, mode=floor_mode(mode) if provider == "floor" else mode, status=None, **shape)
+            if not found:
+                continue
+            result = found[0]
+            status = result.get("status") or "ok"
+            ok = status == "ok"
+            rows.append({
+                "batch": batch,
+                "provider": provider,
+                "median_ms": result["median_ms"] if ok else None,
+                "x_floor": result["median_ms"] / floor_ms if ok and floor_ms else None,
+                "peak_over_inputs_gib": result.get("peak_over_inputs_gib") if ok else None,
+                "status": status,
+            })
+    return rows
+
+
 def provenance_caption(provenance: dict) -> str:
     """One line naming the GPU, software versions, date and commit the data came from."""
     parts = [provenance.get("gpu") or "unknown GPU"]

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 from . import memory
-from .measurements import BenchRecord, provenance_caption
+from .measurements import BenchRecord, floor_mode, provenance_caption
 
 STYLE = {
     "floor": {"color": "0.35", "label": "floor (3 GEMMs)", "marker": "s"},
@@ -238,32 +238,47 @@ def batch_scaling(
     vocab: int,
     mode: str = "full",
     references: list[BenchRecord] = (),
+    batches: list[int] | None = None,
 ) -> Figure:
-    """Time and peak memory against batch for every provider at one (T, H, V), references as hollow markers."""
+    """Time and peak memory against batch for every provider at one (T, H, V), references as hollow markers.
+
+    The floor of "forward" and "eval" is the logits GEMM alone. ``batches`` limits the points drawn;
+    a panel with nothing to draw says why instead of showing empty axes.
+    """
     fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig.subplots_adjust(wspace=0.3)  # room for the memory panel's y label
     captions, oom = [], []
     providers = ("floor", "seed_baseline", "baseline", "liger", "fused", "fused_lean")
+    shape = {"seq": seq, "hidden": hidden, "vocab": vocab}
+
+    def in_batches(rows):
+        return sorted((r for r in rows if batches is None or r["batch"] in batches), key=lambda r: r["batch"])
+
     if record is not None:
+        drawn = False
         for provider in providers:
-            rows = sorted(record.select(provider=provider, mode=mode, seq=seq, hidden=hidden, vocab=vocab, **UNMASKED), key=lambda r: r["batch"])
-            oom += [(b["batch"], provider) for b in record.select(provider=provider, mode=mode, status="oom", seq=seq, hidden=hidden, vocab=vocab)]
+            provider_mode = floor_mode(mode) if provider == "floor" else mode
+            rows = in_batches(record.select(provider=provider, mode=provider_mode, **shape, **UNMASKED))
+            oom += [(r["batch"], provider) for r in in_batches(record.select(provider=provider, mode=provider_mode, status="oom", **shape, **UNMASKED))]
             if not rows:
                 continue
-            style = STYLE[provider]
-            batches = [r["batch"] for r in rows]
+            style = STYLE["logits_gemm" if provider == "floor" and mode != "full" else provider]
+            batch_sizes = [r["batch"] for r in rows]
             time_ax.errorbar(
-                batches, [r["median_ms"] for r in rows],
+                batch_sizes, [r["median_ms"] for r in rows],
                 yerr=[[r["median_ms"] - r["min_ms"] for r in rows], [r["max_ms"] - r["median_ms"] for r in rows]],
                 color=style["color"], marker=style["marker"], label=style["label"], capsize=2,
             )
             mem = [(r["batch"], r["peak_over_inputs_gib"]) for r in rows if r.get("peak_over_inputs_gib") is not None and provider != "floor"]
             if mem:
                 mem_ax.plot(*zip(*mem), color=style["color"], marker=style["marker"], label=style["label"])
-        captions.append(provenance_caption(record.provenance))
+            drawn = True
+        if drawn or oom:
+            captions.append(provenance_caption(record.provenance))
     for reference in references:
         drawn = False
         for provider in providers:
-            rows = sorted(reference.select(provider=provider, seq=seq, hidden=hidden, vocab=vocab), key=lambda r: r["batch"])
+            rows = in_batches(reference.select(provider=provider, **shape))
             if not rows:
                 continue
             style = STYLE[provider]
@@ -275,17 +290,30 @@ def batch_scaling(
             drawn = True
         if drawn:
             captions.append(f"Reference ({reference.source}): " + provenance_caption(reference.provenance))
-    for ax, ylabel in ((time_ax, f"{mode} (ms, median; bars: min–max)"), (mem_ax, "peak memory over inputs (GiB)")):
+    if record is None:
+        why_empty = "no GPU benchmark record in figures/data yet"
+    elif oom:
+        why_empty = f"out of memory at B={', '.join(sorted({str(b) for b, _ in oom}, key=int))} in {record.source}"
+    else:
+        why_empty = f"none in {record.source}"
+    for ax, ylabel, quantity in ((time_ax, f"{mode} (ms, median; bars: min–max)", "times"),
+                                 (mem_ax, "peak memory over inputs (GiB)", "peaks")):
+        ax.set_xlabel("batch B")
+        ax.set_ylabel(ylabel)
+        if not ax.get_legend_handles_labels()[0]:
+            ax.text(0.5, 0.5, f"No measured {mode} {quantity}\nat {_shape_label(**shape)}:\n{why_empty}",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.3")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_yscale("log")
-        ax.set_xlabel("batch B")
-        ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
-    for batch, provider in oom:
-        time_ax.annotate("OOM", (batch, time_ax.get_ylim()[1]), color=STYLE[provider]["color"], fontsize=7, va="top")
-    fig.suptitle(f"Scaling with batch, {_shape_label(seq=seq, hidden=hidden, vocab=vocab)}")
+        ax.legend(fontsize=6)
+    if time_ax.get_legend_handles_labels()[0]:  # OOM marks sit at the top of a drawn time axis
+        for batch, provider in oom:
+            time_ax.annotate("OOM", (batch, time_ax.get_ylim()[1]), color=STYLE[provider]["color"], fontsize=7, va="top")
+    fig.suptitle(f"Scaling with batch, {_shape_label(**shape)}, mode {mode}")
     add_caption(fig, *captions)
     return fig

@@ -16,7 +16,8 @@ import torch
 from IPython.display import display
 
 from . import memory, plots
-from .measurements import NO_RECORD_MESSAGE, SEED_A100_FORWARD, H200_ANCHORS, format_table, latest_bench_record
+from .measurements import (H200_ANCHORS, NO_RECORD_MESSAGE, SEED_A100_FORWARD, batch_scaling_rows, format_table,
+                           latest_bench_record, provenance_caption)
 
 POWERS_OF_TWO = [2**k for k in range(1, 8)]
 
@@ -66,16 +67,57 @@ def show_memory(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int =
     return table
 
 
-def show_batch_scaling(seq: int, hidden: int, vocab: int, mode: str = "full", output_dir: str | Path | None = None, data_dir=None) -> dict:
-    """Measured time and memory against batch at one (T, H, V), with the published references."""
+def batch_sizes_up_to(largest_batch: int) -> list[int]:
+    """The batches a scaling view covers: powers of two from 2 to ``largest_batch``."""
+    return [b for b in POWERS_OF_TWO if b <= largest_batch]
+
+
+def model_peak_rows(batches: list[int], seq: int, hidden: int, vocab: int, with_grad: bool = True) -> list[dict]:
+    """The memory model's peak over the inputs (GiB) of every implementation, one row per batch."""
+    return [
+        {"batch": b, **{impl: memory.peak_gib(impl, b, seq, hidden, vocab, with_grad=with_grad) for impl in memory.IMPLEMENTATIONS}}
+        for b in batches
+    ]
+
+
+def show_batch_scaling(seq: int, hidden: int, vocab: int, mode: str = "full", largest_batch: int = 16,
+                       output_dir: str | Path | None = None, data_dir=None) -> dict:
+    """Modelled and measured time and memory against batch (2 … ``largest_batch``) at one (T, H, V).
+
+    Prints the memory model's peaks, then, where the newest benchmark record has the workload
+    (every token counted), each provider's median, its ratio to the floor of the same run and its
+    measured peak; the figure adds the published references.
+    """
+    batches = batch_sizes_up_to(largest_batch)
+    with_grad = mode != "eval"
+    model = model_peak_rows(batches, seq, hidden, vocab, with_grad)
+    print(f"T={seq} H={hidden} V={vocab}, B={batches[0]}…{batches[-1]}, mode {mode}")
+    step = "forward+backward" if with_grad else "forward without gradients"
+    note = " (a forward call peaks at or below it)" if mode == "forward" else ""
+    print(f"Memory model: peak over inputs (GiB) of one {step}{note}")
+    print(format_table(model, ["batch", *memory.IMPLEMENTATIONS], {impl: ".2f" for impl in memory.IMPLEMENTATIONS}))
+    print()
     record = latest_bench_record(data_dir)
+    measured = [] if record is None else batch_scaling_rows(record, mode=mode, seq=seq, hidden=hidden, vocab=vocab, batches=batches)
     if record is None:
         print(NO_RECORD_MESSAGE)
-    references = [H200_ANCHORS] if mode == "full" else [SEED_A100_FORWARD]
-    fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode=mode, references=references)
-    measured = [] if record is None else record.select(mode=mode, seq=seq, hidden=hidden, vocab=vocab, mask="none")
+    elif not measured:
+        print(f"Measured: {record.source} has no {mode} results at T={seq} H={hidden} V={vocab}, B≤{largest_batch}, mask none.")
+    else:
+        floor = "the three GEMMs" if mode == "full" else "the logits GEMM alone, its eval run"
+        print(f"Measured ({record.source}, mask none); x_floor = median_ms / floor median_ms (floor: {floor}; same run)")
+        print(provenance_caption(record.provenance))
+        print(format_table(measured, ["batch", "provider", "median_ms", "x_floor", "peak_over_inputs_gib", "status"],
+                           {"median_ms": ".2f", "x_floor": ".3f", "peak_over_inputs_gib": ".2f"}))
+    references = {"full": [H200_ANCHORS], "forward": [SEED_A100_FORWARD]}.get(mode, [])
+    fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode=mode, references=references, batches=batches)
     _show(fig, output_dir, f"batch-scaling-{mode}-T{seq}")
-    return {"record": None if record is None else record.source, "measured_points": len(measured)}
+    return {
+        "record": None if record is None else record.source,
+        "measured_points": sum(r["status"] == "ok" for r in measured),
+        "model": model,
+        "measured": measured,
+    }
 
 
 def int_slider(description: str, value: int, options: list[int]) -> widgets.SelectionSlider:
@@ -112,12 +154,13 @@ def memory_explorer(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: i
     return interactive_view(show_memory, controls)
 
 
-def batch_scaling_explorer(seq: int, hidden: int, vocab: int, mode: str = "full") -> widgets.VBox:
+def batch_scaling_explorer(seq: int, hidden: int, vocab: int, mode: str = "full", largest_batch: int = 16) -> widgets.VBox:
     """``show_batch_scaling`` under shape and mode controls."""
     controls = {
-        "seq": int_slider("seq T", seq, [1024, 4096]),
-        "hidden": int_slider("hidden H", hidden, [4096]),
-        "vocab": int_slider("vocab V", vocab, [128256]),
+        "largest_batch": int_slider("batch B ≤", largest_batch, POWERS_OF_TWO),
+        "seq": int_slider("seq T", seq, [512, 1024, 2048, 4096, 8192]),
+        "hidden": int_slider("hidden H", hidden, [2048, 4096, 8192]),
+        "vocab": int_slider("vocab V", vocab, [32000, 128256, 152064]),
         "mode": widgets.ToggleButtons(options=["full", "forward", "eval"], value=mode, description="mode"),
     }
     return interactive_view(show_batch_scaling, controls)

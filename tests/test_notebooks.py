@@ -98,6 +98,11 @@ def test_batch_scaling_reads_the_record_or_says_there_is_none(runs):
         assert r["bench_record"] is None and r["measured_points"] == 0 and r["fused_x_floor"] == []
     else:
         assert r["bench_record"] == record.source
-        assert r["measured_points"] == len(record.select(mode="full", seq=1024, hidden=4096, vocab=128256, mask="none"))
+        workload = {"seq": 1024, "hidden": 4096, "vocab": 128256, "mask": "none"}
+        measured = [x for x in record.select(mode="full", **workload) if x["batch"] in (2, 4, 8, 16)]
+        assert r["measured_points"] == len(measured)
+        fused = sorted((x for x in measured if x["provider"] == "fused"), key=lambda x: x["batch"])
+        floor_ms = {x["batch"]: x["median_ms"] for x in measured if x["provider"] == "floor"}
+        assert r["fused_x_floor"] == pytest.approx([x["median_ms"] / floor_ms[x["batch"]] for x in fused])
     assert r["seed_liger_over_baseline"] == pytest.approx([31.0 / 12.9, 60.9 / 25.6, 121.1 / 51.8, 244.4 / 103.9])
     assert r["anchor_best_liger_x_floor"] == pytest.approx(180.0 / 152.1)

@@ -10,14 +10,25 @@ from orpo_lib import memory, widgets
 
 @pytest.fixture
 def bench_dir(tmp_path):
-    """A synthetic benchmark record (test data only, never committed to figures/data)."""
+    """A synthetic benchmark record (test data only, never committed to figures/data): full and
+    forward runs, the floor in full and eval mode (there is no forward floor), one baseline OOM."""
     results = []
+
+    def result(provider, mode, batch, ms, gib, status="ok"):
+        ok = status == "ok"
+        return {"provider": provider, "mode": mode, "batch": batch, "seq": 1024, "hidden": 4096,
+                "vocab": 128256, "dtype": "bf16", "mask": "none", "chunk_size": None,
+                "median_ms": ms if ok else None, "min_ms": ms * 0.99 if ok else None, "max_ms": ms * 1.01 if ok else None,
+                "reps": 10 if ok else 0, "peak_gib": gib, "peak_over_inputs_gib": gib, "tflops": None,
+                "status": status, "error": None if ok else "CUDA out of memory"}
+
     for batch in (2, 4):
-        for provider, ms, gib in (("floor", 9.0, None), ("baseline", 14.0, 3.0), ("fused", 9.6, 1.5)):
-            results.append({"provider": provider, "mode": "full", "batch": batch, "seq": 1024, "hidden": 4096,
-                            "vocab": 128256, "dtype": "bf16", "mask": "none", "chunk_size": None,
-                            "median_ms": ms * batch, "min_ms": ms * batch * 0.99, "max_ms": ms * batch * 1.01, "reps": 10,
-                            "peak_gib": gib, "peak_over_inputs_gib": gib, "status": "ok", "error": None})
+        results.append(result("floor", "full", batch, 9.0 * batch, None))
+        results.append(result("floor", "eval", batch, 3.0 * batch, None))
+        results.append(result("fused", "full", batch, 9.6 * batch, 1.5))
+        results.append(result("fused", "forward", batch, 6.0 * batch, 1.4))
+    results.append(result("baseline", "full", 2, 28.0, 3.0))
+    results.append(result("baseline", "full", 4, None, None, status="oom"))
     record = {"provenance": {"gpu": "Test GPU", "torch": "0.0", "triton": "0.0", "date": "2000-01-01",
                              "commit": "0123456789abcdef", "command": "synthetic"}, "results": results, "sweeps": {}}
     (tmp_path / "bench-test.json").write_text(json.dumps(record))
@@ -40,16 +51,49 @@ def test_show_memory_with_a_chunk_size_uses_it():
     assert fused_row["peak_gib"] == memory.peak_gib("fused", 16, 4096, 4096, 128256, chunk_rows=1024)
 
 
-def test_batch_scaling_without_a_record_says_so(tmp_path, capsys):
-    shown = widgets.show_batch_scaling(1024, 4096, 128256, data_dir=tmp_path)
-    assert shown == {"record": None, "measured_points": 0}
-    assert "No GPU benchmark record" in capsys.readouterr().out
+def test_batch_scaling_without_a_record_prints_the_model_and_says_so(tmp_path, capsys):
+    shown = widgets.show_batch_scaling(4096, 2048, 32000, mode="forward", largest_batch=8, data_dir=tmp_path)
+    assert shown["record"] is None and shown["measured_points"] == 0 and shown["measured"] == []
+    assert [row["batch"] for row in shown["model"]] == [2, 4, 8]
+    for row in shown["model"]:
+        for impl in memory.IMPLEMENTATIONS:
+            assert row[impl] == memory.peak_gib(impl, row["batch"], 4096, 2048, 32000)
+    text = capsys.readouterr().out
+    assert "T=4096 H=2048 V=32000, B=2…8, mode forward" in text
+    assert f"{memory.peak_gib('fused', 8, 4096, 2048, 32000):.2f}" in text
+    assert "No GPU benchmark record" in text
 
 
-def test_batch_scaling_reads_a_record(bench_dir, tmp_path):
-    shown = widgets.show_batch_scaling(1024, 4096, 128256, output_dir=tmp_path / "out", data_dir=bench_dir)
-    assert shown == {"record": "bench-test.json", "measured_points": 6}
+def test_batch_scaling_eval_models_the_forward_without_gradients(tmp_path):
+    shown = widgets.show_batch_scaling(1024, 4096, 128256, mode="eval", largest_batch=2, data_dir=tmp_path)
+    assert shown["model"][0]["baseline"] == memory.peak_gib("baseline", 2, 1024, 4096, 128256, with_grad=False)
+
+
+def test_batch_scaling_reads_a_record(bench_dir, tmp_path, capsys):
+    shown = widgets.show_batch_scaling(1024, 4096, 128256, largest_batch=4, output_dir=tmp_path / "out", data_dir=bench_dir)
+    assert shown["record"] == "bench-test.json" and shown["measured_points"] == 5
+    by_key = {(r["batch"], r["provider"]): r for r in shown["measured"]}
+    assert by_key[(2, "floor")]["x_floor"] == 1.0
+    assert by_key[(4, "fused")]["x_floor"] == pytest.approx(9.6 / 9.0)
+    assert by_key[(2, "baseline")]["peak_over_inputs_gib"] == 3.0
+    assert by_key[(4, "baseline")] == {"batch": 4, "provider": "baseline", "median_ms": None, "x_floor": None,
+                                       "peak_over_inputs_gib": None, "status": "oom"}
+    text = capsys.readouterr().out
+    assert "Measured (bench-test.json, mask none)" in text and "Test GPU" in text
     assert (tmp_path / "out" / "batch-scaling-full-T1024.svg").exists()
+
+
+def test_batch_scaling_forward_is_compared_with_the_eval_floor(bench_dir):
+    shown = widgets.show_batch_scaling(1024, 4096, 128256, mode="forward", largest_batch=4, data_dir=bench_dir)
+    by_key = {(r["batch"], r["provider"]): r for r in shown["measured"]}
+    assert by_key[(2, "floor")]["median_ms"] == 6.0  # the eval floor at B=2
+    assert by_key[(2, "fused")]["x_floor"] == pytest.approx(12.0 / 6.0)
+
+
+def test_batch_scaling_with_no_matching_workload_says_so(bench_dir, capsys):
+    shown = widgets.show_batch_scaling(4096, 4096, 128256, mode="forward", data_dir=bench_dir)
+    assert shown["measured"] == [] and shown["record"] == "bench-test.json"
+    assert "bench-test.json has no forward results at T=4096" in capsys.readouterr().out
 
 
 def _controls(box):
@@ -73,9 +117,14 @@ def test_interactive_view_passes_control_values_to_the_view():
     assert calls[0] == (4, "fixed") and calls[-1] == (8, "fixed")
 
 
-def test_batch_scaling_explorer_has_a_mode_toggle():
+def test_batch_scaling_explorer_offers_several_shapes():
     box = widgets.batch_scaling_explorer(1024, 4096, 128256)
-    assert [c.description for c in _controls(box)][-1] == "mode"
+    controls = {c.description: c for c in _controls(box)}
+    assert list(controls) == ["batch B ≤", "seq T", "hidden H", "vocab V", "mode"]
+    assert controls["hidden H"].options == (2048, 4096, 8192)
+    assert controls["vocab V"].options == (32000, 128256, 152064)
+    assert controls["batch B ≤"].value == 16
+    controls["vocab V"].value = 32000  # the callback re-runs show_batch_scaling without error
 
 
 def test_gpu_button_is_disabled_without_cuda():

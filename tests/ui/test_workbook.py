@@ -6,7 +6,6 @@ structure, never on pixels.
 """
 
 import hashlib
-import time
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,12 @@ RUN_ALL_TIMEOUT_S = 480
 # and table that orpo_lib.widgets.show_memory prints above its figure.
 MEMORY_CONTROLS = {"batch": "batch B", "seq": "seq T", "hidden": "hidden H", "vocab": "vocab V"}
 MEMORY_CHUNK_CONTROL = "chunk rows (0: default)"
-# orpo_lib.widgets.batch_scaling_explorer: sequence length (1024 or 4096) and mode.
-SCALING_SEQ_CONTROL = "seq T"
+# orpo_lib.widgets.batch_scaling_explorer: the largest batch, sequence length, hidden and vocab
+# sizes, and mode; orpo_lib.widgets.show_batch_scaling prints a header line, the memory model's
+# peaks (GiB, one row per batch) and, when a GPU record has the workload, a measured table.
+SCALING_CONTROLS = {"batch": "batch B ≤", "seq": "seq T", "hidden": "hidden H", "vocab": "vocab V"}
 SCALING_MODE_CONTROL = "mode"
+SCALING_MEASURED_TITLE = "Measured ("
 
 
 def test_workbook_has_its_notebooks():
@@ -119,25 +121,76 @@ def check_memory_explorer(notebook):
         assert len(figures) == 1 and figures != before, f"figure not redrawn for {key}={new}"
 
 
-def check_batch_scaling_explorer(notebook):
-    """Move sequence length, then mode: the view redraws its figure for each, without errors.
+def half_last_digit(text: str) -> float:
+    """Half a unit in the last printed digit of a number: the rounding of what the view shows."""
+    return 0.5 * 10 ** -len(text.partition(".")[2])
 
-    The view prints no numbers of its own (only whether a benchmark record exists), so there is
-    no text to hold against orpo_lib.memory here; the figure must be replaced, and decoded.
-    """
-    seq = int(notebook.widget_value(SCALING_SEQ_CONTROL))
-    figures = notebook.output_images(SCALING_SEQ_CONTROL)
+
+def check_scaling_view(notebook, shape: dict, mode: str) -> str:
+    """Header, model peaks and (with a GPU record) measured medians agree with orpo_lib."""
+    from lab_driver import text_table
+
+    from orpo_lib import memory
+    from orpo_lib.measurements import NO_RECORD_MESSAGE, floor_mode, latest_bench_record
+
+    text = notebook.output_text(SCALING_CONTROLS["batch"])
+    b, t, h, v = shape["batch"], shape["seq"], shape["hidden"], shape["vocab"]
+    header = f"T={t} H={h} V={v}, B=2…{b}, mode {mode}"
+    assert header in text, f"expected {header!r} in the view:\n{text}"
+
+    model_text, _, measured_text = text.partition(SCALING_MEASURED_TITLE)
+    rows = text_table(model_text)
+    assert [int(row["batch"]) for row in rows] == [2**k for k in range(1, b.bit_length())], text
+    for row in rows:
+        for impl in memory.IMPLEMENTATIONS:
+            model = memory.peak_gib(impl, int(row["batch"]), t, h, v, with_grad=mode != "eval")
+            assert abs(float(row[impl]) - model) <= half_last_digit(row[impl]), (
+                f"{impl} at B={row['batch']} {shape} {mode}: the view shows {row[impl]} GiB, "
+                f"the memory model says {model}"
+            )
+
+    record = latest_bench_record()
+    if record is None:
+        assert NO_RECORD_MESSAGE in text, text
+    elif measured_text:
+        for row in text_table(measured_text):
+            provider_mode = floor_mode(mode) if row["provider"] == "floor" else mode
+            result, *_ = record.select(
+                provider=row["provider"], mode=provider_mode, status=None, batch=int(row["batch"]),
+                seq=t, hidden=h, vocab=v, mask="none",
+            )  # fmt: skip
+            if row["median_ms"] != "—":
+                shown = float(row["median_ms"])
+                assert abs(shown - result["median_ms"]) <= half_last_digit(row["median_ms"]), row
+    else:
+        assert f"{record.source} has no {mode} results" in text, text
+    return text
+
+
+def check_batch_scaling_explorer(notebook):
+    """Move sequence length, then the largest batch, then mode: each time the printed model peaks
+    follow orpo_lib.memory (and measured numbers the record, if any) and the figure is redrawn."""
+    shape = {key: int(notebook.widget_value(label)) for key, label in SCALING_CONTROLS.items()}
+    mode = notebook.widget_value(SCALING_MODE_CONTROL)
+    text = check_scaling_view(notebook, shape, mode)
+    figures = notebook.output_images(SCALING_CONTROLS["batch"])
     assert len(figures) == 1, "the batch-scaling view shows one figure"
-    for label, value in (
-        (SCALING_SEQ_CONTROL, 4096 if seq == 1024 else 1024),
-        (SCALING_MODE_CONTROL, "forward"),
+
+    for key, value in (
+        ("seq", 4096 if shape["seq"] == 1024 else 1024),
+        ("batch", shape["batch"] // 2),
+        ("mode", "forward"),
     ):
-        notebook.set_widget(label, value)
-        before = figures
-        deadline = time.monotonic() + 60
-        while (figures := notebook.output_images(label)) in (before, []):
-            assert time.monotonic() < deadline, f"figure not redrawn after {label}={value}"
-            time.sleep(0.25)
-        assert len(figures) == 1
-    cell = notebook.cell_index(SCALING_SEQ_CONTROL)
+        if key == "mode":
+            mode = value
+            notebook.set_widget(SCALING_MODE_CONTROL, value)
+        else:
+            shape[key] = value
+            notebook.set_widget(SCALING_CONTROLS[key], value)
+        notebook.wait_for_output_change(SCALING_CONTROLS["batch"], text)
+        before, text = text, check_scaling_view(notebook, shape, mode)
+        assert text != before
+        before, figures = figures, notebook.output_images(SCALING_CONTROLS["batch"])
+        assert len(figures) == 1 and figures != before, f"figure not redrawn for {key}={value}"
+    cell = notebook.cell_index(SCALING_CONTROLS["batch"])
     assert [f for f in notebook.figures() if f["cell"] == cell and f["width"] > 50]
