@@ -139,9 +139,8 @@ def _baseline(w, inputs, mode):
 def _liger(w, inputs, mode):
     from liger_kernel.chunked_loss import LigerFusedLinearORPOLoss
 
-    # Liger compiles its chunk function; recompiling with dynamic shapes crashes on torch 2.11,
-    # so each workload starts from a clean cache with static shapes.
-    torch._dynamo.reset()
+    # Liger compiles its chunk function; recompiling with dynamic shapes crashed on torch 2.11, so
+    # shapes stay static (main() clears the compile cache whenever the workload changes).
     torch._dynamo.config.automatic_dynamic_shapes = False
     liger = LigerFusedLinearORPOLoss()
 
@@ -326,8 +325,8 @@ def row_kernel_sweep(w: Workload, device, chunk_rows, launches, *, warmup, reps)
                 kernels.row_stats(logits, target, target, token, *stats, write_probs=write, launch=launch)
             median = time_call(run, device, warmup, reps)[0] - (copy_ms if write else 0.0)
             hbm_bytes = nbytes * (2 if write else 1)  # one read (+ one write); the re-read meant for L2
-            rows.append({"block_v": launch.block_v, "num_warps": launch.num_warps,
-                         "l2_rows_bytes": launch.l2_rows_bytes, "write_probs": write, "median_ms": median,
+            rows.append({"block_v": launch.block_v, "num_warps": launch.num_warps, "write_probs": write,
+                         "median_ms": median,
                          "gbps": hbm_bytes / (median * 1e-3) / 1e9})
     return rows
 
@@ -418,9 +417,11 @@ def main(argv=None):
 
     record = {"provenance": provenance(device, "python -m orpo_lib.bench " + " ".join(argv or []), args.commit),
               "results": [], "sweeps": {}}
+    # No forward-only floor (the eval floor, the logits GEMM, serves), and no forward-only Liger:
+    # Liger does all its gradient work in forward, so its forward is its full step.
     jobs = [(Workload(b, t, hidden, vocab, dtype, mask), p, m)
             for mask in masks for (b, t) in shapes for p in providers for m in modes
-            if not (p == "floor" and m == "forward")]
+            if not (p in ("floor", "liger") and m == "forward")]
     inputs_for = {}
     for w, provider, mode in tqdm(jobs, desc="bench", disable=None):
         key = (w.batch, w.seq, w.mask)
@@ -428,6 +429,7 @@ def main(argv=None):
             inputs_for.clear()
             if on_gpu:
                 torch.cuda.empty_cache()
+                torch._dynamo.reset()
             inputs_for[key] = make_inputs(w, device)
         result = measure(provider, mode, w, inputs_for[key], device, warmup=warmup, reps=reps,
                          chunk_size=LEAN_CHUNK_ROWS if provider == "fused_lean" else None)
@@ -446,10 +448,9 @@ def main(argv=None):
             record["sweeps"]["stages"] = stage_times(w, device, chunk_rows, warmup=warmup, reps=reps)
         if "row_kernel" in sweeps:
             if on_gpu:
-                launches = [kernels.RowLaunch(b, nw, l2) for b, nw in ((2048, 4), (4096, 8), (8192, 16), (16384, 32))
-                            for l2 in (0, 16 << 20, 32 << 20, 64 << 20)]
+                launches = [kernels.RowLaunch(b, nw) for b in (2048, 4096, 8192, 16384) for nw in (4, 8, 16, 32)]
             else:
-                launches = [kernels.RowLaunch(256, 4), kernels.RowLaunch(1024, 4, 1 << 16)]
+                launches = [kernels.RowLaunch(256, 4), kernels.RowLaunch(1024, 4)]
             record["sweeps"]["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, launches, warmup=warmup, reps=reps)
         if "profile" in sweeps and on_gpu:
             record["sweeps"]["profile"] = profile_fused(w, device)

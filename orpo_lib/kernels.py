@@ -2,9 +2,9 @@
 
 A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. Two kernels touch it:
 
-* ``row_stats_kernel`` — a row at a time per program: an online log-sum-exp over the vocabulary,
-  the log-probs of the two targets and the row sum of logits; with ``WRITE_PROBS`` it then
-  rewrites the row in place into softmax probabilities (the second read comes from L2).
+* ``row_stats_kernel`` — one program per row: an online log-sum-exp over the vocabulary, the
+  log-probs of the two targets and the row sum of logits; with ``WRITE_PROBS`` it then rewrites
+  the row in place into softmax probabilities.
 * ``target_grads_kernel`` — once the pair coefficients are known, computes each row's gradient
   scale and overwrites its (at most two) target columns with their entries, from the precise
   float32 log-probs.
@@ -39,64 +39,58 @@ def row_stats_kernel(
     logp_ptr,  # (B*T,) fp32 out: log p(target), 0 where ignored
     nll_logp_ptr,  # (B*T,) fp32 out: log p(nll target), 0 where ignored
     logit_sum_ptr,  # (B*T,) fp32 out: sum of the row's logits (for the logits-mean metric)
-    C,
     V,
     BLOCK_V: tl.constexpr,
     WRITE_PROBS: tl.constexpr,
 ):
-    # Each program walks rows pid, pid + grid, ...: the grid bounds how many rows are open at once,
-    # which keeps a row in L2 between its two reads when WRITE_PROBS.
-    pid = tl.program_id(0).to(tl.int64)  # 64-bit: row offsets pass 2^31 elements at V = 128K
-    for i in range(0, tl.cdiv(C - tl.program_id(0), tl.num_programs(0))):
-        row = pid + i * tl.num_programs(0)
-        row_ptr = logits_ptr + row * stride_row
-        target = tl.load(target_ptr + row)
-        nll_target = tl.load(nll_target_ptr + row)
-        token = tl.load(token_ptr + row)
-        has_target = target >= 0
-        has_nll = nll_target >= 0
-        target_logit = tl.load(row_ptr + target, mask=has_target, other=0.0).to(tl.float32)
-        nll_logit = tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(tl.float32)
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    target = tl.load(target_ptr + row)
+    nll_target = tl.load(nll_target_ptr + row)
+    token = tl.load(token_ptr + row)
+    has_target = target >= 0
+    has_nll = nll_target >= 0
+    target_logit = tl.load(row_ptr + target, mask=has_target, other=0.0).to(tl.float32)
+    nll_logit = tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(tl.float32)
 
-        # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
-        # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
-        # Sums stay per lane (one cross-warp reduction per step, for the max), and the next block
-        # is loaded before the current one is reduced, so a load is always in flight.
-        offs = tl.arange(0, BLOCK_V)
-        row_max = float("-inf")
-        other_sums = tl.zeros([BLOCK_V], dtype=tl.float32)
-        logit_sums = tl.zeros([BLOCK_V], dtype=tl.float32)
-        next_x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"), eviction_policy="evict_last")
+    # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
+    # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
+    # Sums stay per lane (one cross-warp reduction per step, for the max), and the next block is
+    # loaded before the current one is reduced, so a load is always in flight.
+    offs = tl.arange(0, BLOCK_V)
+    row_max = float("-inf")
+    other_sums = tl.zeros([BLOCK_V], dtype=tl.float32)
+    logit_sums = tl.zeros([BLOCK_V], dtype=tl.float32)
+    next_x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"), eviction_policy="evict_last")
+    for start in range(0, V, BLOCK_V):
+        cols = start + offs
+        x = next_x.to(tl.float32)
+        next_cols = cols + BLOCK_V
+        next_x = tl.load(row_ptr + next_cols, mask=next_cols < V, other=float("-inf"), eviction_policy="evict_last")
+        new_max = tl.maximum(row_max, tl.max(x, axis=0))
+        terms = tl.where(cols != target, tl.exp(x - new_max), 0.0)
+        other_sums = other_sums * tl.exp(row_max - new_max) + terms
+        logit_sums += tl.where(cols < V, x, 0.0)
+        row_max = new_max
+    other_sum = tl.sum(other_sums, axis=0)
+    logit_sum = tl.sum(logit_sums, axis=0)
+
+    target_rel = target_logit - row_max  # <= 0; exactly 0 when the target is the maximum
+    target_term = tl.where(has_target, tl.exp(target_rel), 0.0)
+    lse = row_max + tl.log(other_sum + target_term)
+    logp = target_rel - _log1p(other_sum + (target_term - 1.0))
+    nll_logp = tl.where(nll_target == target, logp, nll_logit - lse)
+    tl.store(logp_ptr + token, tl.where(has_target, logp, 0.0))
+    tl.store(nll_logp_ptr + token, tl.where(has_nll, nll_logp, 0.0))
+    tl.store(logit_sum_ptr + token, logit_sum)
+
+    if WRITE_PROBS:
         for start in range(0, V, BLOCK_V):
             cols = start + offs
-            x = next_x.to(tl.float32)
-            next_cols = cols + BLOCK_V
-            next_x = tl.load(row_ptr + next_cols, mask=next_cols < V, other=float("-inf"),
-                             eviction_policy="evict_last")
-            new_max = tl.maximum(row_max, tl.max(x, axis=0))
-            terms = tl.where(cols != target, tl.exp(x - new_max), 0.0)
-            other_sums = other_sums * tl.exp(row_max - new_max) + terms
-            logit_sums += tl.where(cols < V, x, 0.0)
-            row_max = new_max
-        other_sum = tl.sum(other_sums, axis=0)
-        logit_sum = tl.sum(logit_sums, axis=0)
-
-        target_rel = target_logit - row_max  # <= 0; exactly 0 when the target is the maximum
-        target_term = tl.where(has_target, tl.exp(target_rel), 0.0)
-        lse = row_max + tl.log(other_sum + target_term)
-        logp = target_rel - _log1p(other_sum + (target_term - 1.0))
-        nll_logp = tl.where(nll_target == target, logp, nll_logit - lse)
-        tl.store(logp_ptr + token, tl.where(has_target, logp, 0.0))
-        tl.store(nll_logp_ptr + token, tl.where(has_nll, nll_logp, 0.0))
-        tl.store(logit_sum_ptr + token, logit_sum)
-
-        if WRITE_PROBS:
-            for start in range(0, V, BLOCK_V):
-                cols = start + offs
-                in_row = cols < V
-                x = tl.load(row_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_first")
-                probs = tl.exp(x.to(tl.float32) - lse)
-                tl.store(row_ptr + cols, probs.to(logits_ptr.dtype.element_ty), mask=in_row)
+            in_row = cols < V
+            x = tl.load(row_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_first")
+            probs = tl.exp(x.to(tl.float32) - lse)
+            tl.store(row_ptr + cols, probs.to(logits_ptr.dtype.element_ty), mask=in_row)
 
 
 @triton.jit
@@ -149,18 +143,17 @@ def target_grads_kernel(
 
 @dataclass(frozen=True)
 class RowLaunch:
-    """Launch configuration of ``row_stats_kernel`` for one mode."""
+    """Launch configuration of ``row_stats_kernel`` (one program per row)."""
 
     block_v: int  # vocabulary entries per loop step
     num_warps: int
-    l2_rows_bytes: int = 0  # if set, cap the grid so that the open rows fit in this many bytes of L2
 
 
-# Tuned on the H200 (notebooks/03-kernel-tuning.ipynb, figures/data): statistics alone stream best
-# with many small programs; with the probabilities, a grid that keeps the open rows in half the
-# 60 MB L2 lets the second read of each row come from L2 instead of HBM.
+# Chosen from the H200 sweep in figures/data (notebooks/03-kernel-tuning.ipynb): statistics alone
+# stream best with many small programs; with the probabilities, wide programs (fewer rows open at
+# once) do best, as more of each row's second read then comes from L2.
 STATS_LAUNCH = RowLaunch(block_v=2048, num_warps=4)
-PROBS_LAUNCH = RowLaunch(block_v=8192, num_warps=16, l2_rows_bytes=32 << 20)
+PROBS_LAUNCH = RowLaunch(block_v=16384, num_warps=32)
 
 
 def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, *, write_probs: bool,
@@ -170,11 +163,8 @@ def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, *, w
     if logits.stride(1) != 1:
         raise ValueError("logits chunk must have unit stride along the vocabulary")
     launch = launch or (PROBS_LAUNCH if write_probs else STATS_LAUNCH)
-    grid = rows
-    if launch.l2_rows_bytes:
-        grid = min(rows, max(1, launch.l2_rows_bytes // (vocab * logits.element_size())))
-    row_stats_kernel[(grid,)](
-        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, logit_sum, rows, vocab,
+    row_stats_kernel[(rows,)](
+        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, logit_sum, vocab,
         BLOCK_V=min(triton.next_power_of_2(vocab), launch.block_v), WRITE_PROBS=write_probs,
         num_warps=launch.num_warps,
     )
