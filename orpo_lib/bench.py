@@ -18,6 +18,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -397,6 +398,7 @@ def main(argv=None):
     parser.add_argument("--sweep-shape", default=None, help="BxT of the sweeps (default 8x4096 on CUDA, 4x32 on CPU)")
     parser.add_argument("--out", default=None, help="JSON record (default figures/data/bench-<date>-<device>.json)")
     parser.add_argument("--commit", default=None)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -415,7 +417,7 @@ def main(argv=None):
 
     from tqdm.auto import tqdm
 
-    record = {"provenance": provenance(device, "python -m orpo_lib.bench " + " ".join(argv or []), args.commit),
+    record = {"provenance": provenance(device, "python -m orpo_lib.bench " + " ".join(argv), args.commit),
               "results": [], "sweeps": {}}
     # No forward-only floor (the eval floor, the logits GEMM, serves), and no forward-only Liger:
     # Liger does all its gradient work in forward, so its forward is its full step.
