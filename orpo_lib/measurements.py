@@ -51,17 +51,35 @@ def is_gpu_record(record: BenchRecord) -> bool:
     return not str(record.provenance.get("gpu") or "CPU").startswith("CPU")
 
 
-def load_bench_records(data_dir: str | Path | None = None) -> list[BenchRecord]:
+def load_bench_records(data_dir: str | Path | None = None, pattern: str = "bench-*.json") -> list[BenchRecord]:
     """Every benchmark record in ``data_dir`` (default ``figures/data``): CPU runs first, then GPU runs, oldest first."""
     directory = Path(data_dir) if data_dir else DATA_DIR
-    records = [load_bench_record(p) for p in sorted(directory.glob("*.json"))]
+    records = [load_bench_record(p) for p in sorted(directory.glob(pattern))]
     return sorted(records, key=lambda r: (is_gpu_record(r), str(r.provenance.get("date", "")), r.source))
 
 
-def latest_bench_record(data_dir: str | Path | None = None) -> BenchRecord | None:
-    """The newest GPU record (a CPU record only when there is no GPU one), or None when there is none."""
-    records = load_bench_records(data_dir)
-    return records[-1] if records else None
+def latest_bench_record(data_dir: str | Path | None = None, pattern: str = "bench-*.json") -> BenchRecord | None:
+    """The newest record (a CPU record only when there is no GPU one), or None when there is none.
+
+    A sweep too long for one command is recorded as several runs of the same commit on the same
+    GPU (e.g. one per sequence length, each with its own floor): those are read as one record.
+    """
+    records = load_bench_records(data_dir, pattern)
+    if not records:
+        return None
+    newest = records[-1]
+    same_run = [r for r in records if is_gpu_record(r) == is_gpu_record(newest)
+                and r.provenance.get("commit") == newest.provenance.get("commit")
+                and r.provenance.get("gpu") == newest.provenance.get("gpu")]
+    if len(same_run) == 1:
+        return newest
+    provenance = dict(newest.provenance, command="; ".join(r.provenance.get("command", "") for r in same_run),
+                      date=min(str(r.provenance.get("date", "")) for r in same_run))
+    sweeps = {}
+    for r in same_run:
+        sweeps.update(r.sweeps)
+    return BenchRecord(provenance, [row for r in same_run for row in r.results], sweeps,
+                       source=", ".join(r.source for r in same_run))
 
 
 # The providers ``python -m orpo_lib.bench`` measures, in the order the workbook lists them.
