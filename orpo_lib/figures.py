@@ -2,9 +2,10 @@
 
     python -m orpo_lib.figures [--data figures/data] [--out figures]
 
-Figures of the analytic memory model are always drawn, with the published anchors and the H200
-memory check overlaid. Figures of measured time need a benchmark record; without one this says
-so and draws none of them.
+Figures of the analytic memory model are always drawn, with the peaks of the newest benchmark
+record (and the published anchors for the seed baseline) overlaid. Figures of measured time need a
+benchmark record; without one this says so and draws none of them. A mask record
+(``mask-*.json``) adds the realistic-mask comparison.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from . import memory, plots
-from .measurements import (DATA_DIR, H200_ANCHORS, H200_MEMORY_CHECK, NO_RECORD_MESSAGE, SEED_A100_FORWARD,
-                           latest_bench_record)
+from .measurements import DATA_DIR, H200_ANCHORS, NO_RECORD_MESSAGE, latest_bench_record, mask_rows, sweep_shape
 
 FIGURE_DIR = DATA_DIR.parent
 # The seed workloads: H=4096, V=128256, bf16, B = 2..16, T = 1024 and 4096.
@@ -34,7 +34,7 @@ def build_figures(data_dir: str | Path | None = None, out_dir: str | Path | None
     """Write every figure the data supports; returns the files written."""
     out = Path(out_dir) if out_dir else FIGURE_DIR
     record = latest_bench_record(data_dir)
-    measured = [H200_ANCHORS, H200_MEMORY_CHECK] + ([record] if record else [])
+    measured = ([record] if record else []) + [H200_ANCHORS]
     written: list[Path] = []
     for seq in (1024, 4096):
         fig = plots.memory_scaling("batch", SEED_BATCHES, batch=2, seq=seq, measured=measured, **SEED_SHAPE)
@@ -51,33 +51,26 @@ def build_figures(data_dir: str | Path | None = None, out_dir: str | Path | None
         suffix = f"T{seq}" if seed_shape else f"T{seq}-H{hidden}-V{vocab}"
         fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode="full", references=[H200_ANCHORS])
         _save(fig, out, f"batch-scaling-full-{suffix}", written)
-        if record.select(mode="forward", seq=seq, hidden=hidden, vocab=vocab):
-            fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode="forward", references=[SEED_A100_FORWARD])
-            _save(fig, out, f"batch-scaling-forward-{suffix}", written)
+        for mode in ("forward", "eval"):
+            if record.select(mode=mode, seq=seq, hidden=hidden, vocab=vocab):
+                fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode=mode)
+                _save(fig, out, f"batch-scaling-{mode}-{suffix}", written)
     sweeps = record.sweeps
-    shape = _sweep_shape(record)
+    shape = sweep_shape(record, "chunk")
     if sweeps.get("chunk") and shape:
-        fig = plots.chunk_pareto(sweeps["chunk"], record.provenance, chunk_sizes=SWEEP_CHUNKS, **shape)
+        fig = plots.chunk_pareto(sweeps["chunk"], record.provenance, chunk_sizes=SWEEP_CHUNKS, source=record.source, **shape)
         _save(fig, out, "chunk-pareto", written)
+    shape = sweep_shape(record, "stages")
     if sweeps.get("stages") and shape:
-        predicted = memory.stage_costs("fused", **shape)
+        rows = sweeps["stages"][0].get("chunk_rows")
+        predicted = memory.stage_costs("fused", **shape, chunk_rows=rows)
         _save(plots.stage_breakdown(predicted, record), out, "stage-breakdown", written)
     if sweeps.get("row_kernel"):
         _save(plots.row_kernel_heatmap(record), out, "row-kernel", written)
+    mask_record = latest_bench_record(data_dir, pattern="mask-*.json")
+    if mask_record is not None and mask_rows(mask_record):
+        _save(plots.mask_comparison(mask_rows(mask_record), mask_record), out, "mask-prompt-half", written)
     return written
-
-
-def _sweep_shape(record) -> dict | None:
-    """The shape the sweeps ran at, from the command that produced the record (bench's default: 8x4096)."""
-    command = record.provenance.get("command") or ""
-    words = command.split()
-    text = words[words.index("--sweep-shape") + 1] if "--sweep-shape" in words else "8x4096"
-    batch, seq = (int(v) for v in text.split("x"))
-    # bench.py runs the sweeps at the record's hidden and vocab sizes
-    first = record.results[0] if record.results else SEED_SHAPE
-    hidden = int(words[words.index("--hidden") + 1]) if "--hidden" in words else first["hidden"]
-    vocab = int(words[words.index("--vocab") + 1]) if "--vocab" in words else first["vocab"]
-    return {"batch": batch, "seq": seq, "hidden": hidden, "vocab": vocab}
 
 
 def main(argv=None) -> int:

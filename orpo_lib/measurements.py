@@ -121,19 +121,139 @@ def batch_scaling_rows(record: BenchRecord, *, mode: str, seq: int, hidden: int,
     return rows
 
 
-def provenance_caption(provenance: dict) -> str:
-    """One line naming the GPU, software versions, date and commit the data came from."""
+def floor_ratios(record: BenchRecord, *, mode: str, provider: str = "fused", mask: str = "none") -> list[dict]:
+    """Every workload where ``provider`` ran in ``mode``: median ms and its ratio to the same run's floor."""
+    rows = []
+    for r in record.select(provider=provider, mode=mode, mask=mask):
+        shape = {k: r[k] for k in ("batch", "seq", "hidden", "vocab")}
+        floor = record.select(provider="floor", mode=floor_mode(mode), mask="none", **shape)
+        if floor:
+            rows.append({**shape, "median_ms": r["median_ms"], "floor_ms": floor[0]["median_ms"],
+                         "x_floor": r["median_ms"] / floor[0]["median_ms"]})
+    return sorted(rows, key=lambda r: (r["seq"], r["batch"]))
+
+
+def mask_rows(record: BenchRecord, providers: tuple[str, ...] = ("floor", "baseline", "liger", "fused")) -> list[dict]:
+    """Per workload, mask and provider of a mask run: median ms and its ratio to the floor with every
+    token counted (mask "none") of the same run and workload."""
+    rows = []
+    shapes = sorted({(r["batch"], r["seq"], r["hidden"], r["vocab"]) for r in record.results})
+    masks = sorted({r.get("mask", "none") for r in record.results}, key=lambda m: (m != "none", m))
+    for batch, seq, hidden, vocab in shapes:
+        shape = {"batch": batch, "seq": seq, "hidden": hidden, "vocab": vocab}
+        floor = record.select(provider="floor", mode="full", mask="none", **shape)
+        for mask in masks:
+            for provider in providers:
+                found = record.select(provider=provider, mode="full", mask=mask, **shape)
+                if found and floor:
+                    rows.append({"batch": batch, "seq": seq, "mask": mask, "provider": provider,
+                                 "median_ms": found[0]["median_ms"], "x_unmasked_floor": found[0]["median_ms"] / floor[0]["median_ms"],
+                                 "peak_over_inputs_gib": found[0].get("peak_over_inputs_gib")})
+    return rows
+
+
+def kernel_kind(name: str) -> str:
+    """Which part of the fused loss a profiled kernel belongs to: cuBLAS GEMM, Triton row kernel, or small torch op."""
+    if name.startswith(("nvjet", "sm90_xmma", "ampere_", "cutlass")) or "gemm" in name.lower():
+        return "GEMM (cuBLAS)"
+    if name.endswith("_kernel") and not name.startswith("void"):
+        return "row kernel (Triton)"
+    return "small torch ops"
+
+
+def profile_summary(profile: list[dict]) -> list[dict]:
+    """Device milliseconds and launches of one profiled call, per kind of kernel, largest first."""
+    kinds: dict[str, dict] = {}
+    for p in profile:
+        kind = kinds.setdefault(kernel_kind(p["kernel"]), {"kind": kernel_kind(p["kernel"]), "kernels": 0, "calls": 0, "device_ms": 0.0})
+        kind["kernels"] += 1
+        kind["calls"] += p["calls"]
+        kind["device_ms"] += p["device_ms"]
+    total = sum(k["device_ms"] for k in kinds.values())
+    rows = sorted(kinds.values(), key=lambda k: -k["device_ms"])
+    for row in rows:
+        row["share_pct"] = 100.0 * row["device_ms"] / total
+    return rows
+
+
+def short_kernel_name(name: str, width: int = 48) -> str:
+    """A profiled kernel's name cut to ``width`` characters (torch's template names run to hundreds)."""
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def accuracy_rows(record: BenchRecord) -> list[dict]:
+    """bf16 relative errors against float64, one row per workload and quantity, fused next to baseline."""
+    rows = []
+    for entry in record.sweeps.get("accuracy") or []:
+        w = entry["workload"]
+        errors = entry["relative_error"]
+        for quantity in ("loss", "grad_hidden", "grad_weight"):
+            fused, baseline = errors["fused"][quantity], errors["baseline"][quantity]
+            counted = w["seq"] // 2 if w.get("mask") == "prompt-half" else w["seq"]
+            rows.append({"batch": w["batch"], "seq": w["seq"], "mask": w.get("mask", "none"), "nll_tokens": w["batch"] // 2 * counted,
+                         "quantity": quantity, "fused": fused, "baseline": baseline, "fused_over_baseline": fused / baseline})
+    return rows
+
+
+def best_row_kernel(record: BenchRecord, write_probs: bool) -> dict | None:
+    """The fastest row-kernel launch configuration recorded, with or without the in-place probabilities."""
+    points = [p for p in record.sweeps.get("row_kernel") or [] if p.get("write_probs", True) == write_probs]
+    return max(points, key=lambda p: p["gbps"]) if points else None
+
+
+def stage_ms(record: BenchRecord, stage: str) -> float | None:
+    """Median milliseconds of one recorded stage, or None when the stages sweep lacks it."""
+    found = [s["median_ms"] for s in record.sweeps.get("stages") or [] if s["stage"] == stage]
+    return found[0] if found else None
+
+
+def floor_tflops(record: BenchRecord, mode: str = "eval") -> float:
+    """Median TFLOP/s the floor reached in a record (mode "eval": the logits GEMM alone)."""
+    values = sorted(r["tflops"] for r in record.select(provider="floor", mode=mode) if r.get("tflops"))
+    return values[len(values) // 2]
+
+
+def logit_read_share(gemm_tflops: float, bandwidth_tbps: float, hidden: int, dtype_bytes: int = 2) -> float:
+    """Time to read each logit once from HBM over the time the GEMM spends on its 2·H FLOPs: the least a
+    forward that reads the logits after the GEMM adds to it."""
+    return (dtype_bytes / (bandwidth_tbps * 1e12)) / (2 * hidden / (gemm_tflops * 1e12))
+
+
+def provenance_caption(provenance: dict, source: str = "") -> str:
+    """One short line: GPU, torch/triton/liger versions, date, short commit and the record's files."""
     parts = [provenance.get("gpu") or "unknown GPU"]
     for name in ("torch", "triton", "liger"):
         if provenance.get(name):
             parts.append(f"{name} {provenance[name]}")
-    parts.append(provenance.get("date") or "undated")
+    parts.append(str(provenance.get("date") or "undated")[:10])
     commit = provenance.get("commit")
-    parts.append(f"commit {commit[:10]}" if commit else "no commit recorded")
-    caption = "Data: " + ", ".join(parts)
-    if provenance.get("command"):
-        caption += f"; `{provenance['command']}`"
-    return caption
+    parts.append(f"commit {commit[:7]}" if commit else "no commit")
+    caption = ", ".join(parts)
+    return f"{caption} ({source})" if source else caption
+
+
+def record_caption(record: "BenchRecord") -> str:
+    """``provenance_caption`` of a record, naming its files."""
+    return provenance_caption(record.provenance, record.source)
+
+
+def sweep_shape(record: "BenchRecord", sweep: str) -> dict | None:
+    """(batch, seq, hidden, vocab) a sweep ran at, from the command of the run that recorded it.
+
+    A record read from several runs joins their commands with "; "; bench.py's default sweep
+    shape is 8x4096 at the record's hidden and vocab sizes.
+    """
+    for command in str(record.provenance.get("command") or "").split("; "):
+        words = command.split()
+        sweeps = words[words.index("--sweeps") + 1].split(",") if "--sweeps" in words else []
+        if sweep not in sweeps:
+            continue
+        batch, seq = (int(v) for v in (words[words.index("--sweep-shape") + 1] if "--sweep-shape" in words else "8x4096").split("x"))
+        first = record.results[0] if record.results else {}
+        hidden = int(words[words.index("--hidden") + 1]) if "--hidden" in words else first.get("hidden", 4096)
+        vocab = int(words[words.index("--vocab") + 1]) if "--vocab" in words else first.get("vocab", 128256)
+        return {"batch": batch, "seq": seq, "hidden": hidden, "vocab": vocab}
+    return None
 
 
 def _anchor_results() -> list[dict]:
@@ -169,7 +289,7 @@ H200_ANCHORS = BenchRecord(
         "command": "side-by-side anchor run: floor GEMMs, TRL-style baseline, Liger ORPO",
     },
     results=_anchor_results(),
-    source="anchors (project notes)",
+    source="H200 anchors",
 )
 
 # The seed record: Liger's ORPO benchmark script on an A100 (2024), forward mode, T=1024,
@@ -187,41 +307,8 @@ SEED_A100_FORWARD = BenchRecord(
         for provider, series in (("seed_baseline", (12.9, 25.6, 51.8, 103.9)), ("liger", (31.0, 60.9, 121.1, 244.4)))
         for batch, ms in zip((2, 4, 8, 16), series)
     ],
-    source="seed record (published A100 numbers)",
+    source="seed A100 record",
 )
-
-# Peak allocated over the inputs, forward + backward, measured on one H200 to check the memory
-# model against the code (H=4096, V=128256, bf16, random targets and nll_target). "seed_baseline"
-# is a loss written like the seed benchmark's Hugging Face reference (cross-entropy over the chosen
-# half plus a full fp32 log_softmax): it reproduces the anchors' baseline memory column exactly.
-H200_MEMORY_CHECK = BenchRecord(
-    provenance={
-        "gpu": "NVIDIA H200",
-        "torch": "2.11.0+cu130",
-        "triton": "3.6.0",
-        "date": "2026-12-02",
-        "commit": "69c8fe58946bfcb15306d2af69269cc394a9fb37",
-        "command": "torch.cuda.max_memory_allocated() over one forward+backward, per implementation",
-    },
-    results=[
-        {"provider": provider, "mode": "full", "batch": batch, "seq": seq, "hidden": 4096, "vocab": 128256,
-         "dtype": "bfloat16", "chunk_size": chunk_size, "fp32_weight_grad": fp32_dw, "median_ms": None,
-         "peak_over_inputs_gib": gib, "status": "ok", "mask": "none"}
-        for (batch, seq), row in {
-            (2, 1024): (2.9668, 3.4258, 1.5460, 1.2935, 2.9512),
-            (8, 1024): (11.7423, 13.6992, 3.2171, 1.3406, 2.9983),
-            (2, 4096): (11.7423, 13.6992, 3.2484, 1.3406, 2.9983),
-            (8, 4096): (46.9691, 54.7969, 4.6026, 1.5288, 3.1864),
-        }.items()
-        for (provider, chunk_size, fp32_dw), gib in zip(
-            (("baseline", None, None), ("seed_baseline", None, None), ("fused", None, True),
-             ("fused_lean", 1024, False), ("fused", 1024, True)),
-            row,
-        )
-    ],
-    source="memory check (H200)",
-)
-
 
 def format_table(rows: list[dict], columns: list[str], formats: dict | None = None) -> str:
     """A fixed-width text table (prints the same in a notebook, a terminal and a test log)."""

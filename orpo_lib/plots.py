@@ -11,10 +11,11 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from . import memory
-from .measurements import BenchRecord, floor_mode, provenance_caption
+from .measurements import BenchRecord, floor_mode, provenance_caption, record_caption
 
 STYLE = {
     "floor": {"color": "0.35", "label": "floor (3 GEMMs)", "marker": "s"},
@@ -26,15 +27,21 @@ STYLE = {
     "fused_lean": {"color": "tab:cyan", "label": "fused, lean (1024-row chunks)", "marker": "P"},
 }
 UNMASKED = {"mask": "none"}  # benchmark rows where every token counts (the anchors' setting)
-MODEL_NOTE = "Model: orpo_lib.memory (analytic, counted tensor sizes)"
+MODEL_NOTE = "Model: orpo_lib.memory (counted tensor sizes)"
 
 
 def add_caption(fig: Figure, *lines: str) -> None:
     """Footnote under the axes, wrapped to the figure's width; room is made for it."""
-    width = int(fig.get_figwidth() * 17)
+    width = int(fig.get_figwidth() * 18)
     wrapped = [part for line in lines if line for part in textwrap.wrap(line, width)]
     fig.text(0.01, 0.01, "\n".join(wrapped), fontsize=7, color="0.3", va="bottom", ha="left")
-    fig.subplots_adjust(bottom=0.15 + 0.14 * len(wrapped) / fig.get_figheight())
+    fig.subplots_adjust(bottom=(0.6 + 0.13 * len(wrapped)) / fig.get_figheight())
+
+
+def plain_log_axis(axis) -> None:
+    """Plain numbers (2, 4, 8 or 0.5, 1, 2) on a log axis instead of powers of ten."""
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(NullFormatter())
 
 
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
@@ -66,12 +73,16 @@ def memory_scaling(
     impls: tuple[str, ...] = memory.IMPLEMENTATIONS,
     measured: list[BenchRecord] = (),
 ) -> Figure:
-    """Modelled peak memory (log scale) against ``axis`` ("batch" or "seq"), measured peaks overlaid.
+    """Modelled peak memory (lines, log scale) against ``axis`` ("batch" or "seq"), measured peaks as markers.
 
-    Measured points are drawn only where their shape matches the modelled line.
+    Each implementation's markers come from the first record in ``measured`` that has it at the
+    modelled shape; the legend has one entry per implementation and sits below the axes.
     """
-    fig, ax = plt.subplots(figsize=(10, 5.2))
-    captions = [MODEL_NOTE]
+    fig, ax = plt.subplots(figsize=(8, 5.6))
+    fixed = {"batch": batch, "seq": seq}
+    fixed.pop(axis)
+    sources = []
+    handles = []
     for impl in impls:
         shape = {"batch": batch, "seq": seq, "hidden": hidden, "vocab": vocab}
         ys = []
@@ -79,12 +90,9 @@ def memory_scaling(
             shape[axis] = v
             rows = chunk_rows if impl == "fused" else None
             ys.append(memory.peak_gib(impl, dtype_bytes=dtype_bytes, chunk_rows=rows, **shape))
-        ax.plot(values, ys, color=STYLE[impl]["color"], label=f"{STYLE[impl]['label']}, model")
-    fixed = {"batch": batch, "seq": seq}
-    fixed.pop(axis)
-    for record in measured:
-        drawn = False
-        for impl in impls:
+        style = STYLE[impl]
+        ax.plot(values, ys, color=style["color"])
+        for record in measured:
             points = [
                 (r[axis], r["peak_over_inputs_gib"])
                 for r in record.select(provider=impl, mode="full", hidden=hidden, vocab=vocab, **UNMASKED, **fixed)
@@ -93,43 +101,51 @@ def memory_scaling(
             ]
             if points:
                 xs, ys = zip(*sorted(points))
-                ax.scatter(xs, ys, color=STYLE[impl]["color"], marker=STYLE[impl]["marker"], zorder=3, label=f"{STYLE[impl]['label']}, measured ({record.source})")
-                drawn = True
-        if drawn:
-            captions.append(provenance_caption(record.provenance))
+                ax.scatter(xs, ys, color=style["color"], marker=style["marker"], s=36, zorder=3)
+                if record not in sources:
+                    sources.append(record)
+                break
+        handles.append(Line2D([], [], color=style["color"], marker=style["marker"], label=style["label"]))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(values, [str(v) for v in values])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    plain_log_axis(ax.yaxis)
     ax.set_xlabel("batch B (sequences: B/2 pairs)" if axis == "batch" else "sequence length T")
     ax.set_ylabel("peak memory over inputs (GiB)")
     shape_text = _shape_label(**{k: v for k, v in {"batch": batch, "seq": seq, "hidden": hidden, "vocab": vocab}.items() if k != axis})
-    ax.set_title(f"Peak memory of one forward+backward, {shape_text}")
+    ax.set_title(f"Peak memory of one forward+backward, {shape_text}", fontsize=11)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.subplots_adjust(right=0.6)
-    add_caption(fig, *captions)
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False,
+              title="lines: model; markers: measured", title_fontsize=8)
+    add_caption(fig, MODEL_NOTE, *(f"Measured: {record_caption(r)}" for r in sources))
+    fig.subplots_adjust(bottom=0.36)
     return fig
 
 
 def memory_breakdown(batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2, chunk_rows: int | None = None) -> Figure:
-    """Stacked bars: what is alive at each implementation's peak."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    """Stacked bars: what is alive at each implementation's peak, its largest part named."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
     impls = list(memory.IMPLEMENTATIONS)
+    largest_total = 0.0
     for i, impl in enumerate(impls):
         rows = chunk_rows if impl == "fused" else None
+        parts = memory.peak_bytes(impl, batch, seq, hidden, vocab, dtype_bytes, chunk_rows=rows)
+        largest = max(parts, key=parts.get)
         left = 0.0
-        for name, size in memory.peak_bytes(impl, batch, seq, hidden, vocab, dtype_bytes, chunk_rows=rows).items():
-            gib = size / memory.GIB
-            ax.barh(i, gib, left=left, color=STYLE[impl]["color"], edgecolor="white", alpha=0.85)
-            if gib > 0.06 * ax.get_xlim()[1] or gib > 0.5:
-                ax.text(left + gib / 2, i, name, ha="center", va="center", fontsize=6, rotation=0)
-            left += gib
-        ax.text(left, i, f" {left:.2f} GiB", va="center", fontsize=8)
+        for size in parts.values():
+            ax.barh(i, size / memory.GIB, left=left, color=STYLE[impl]["color"], edgecolor="white", alpha=0.85)
+            left += size / memory.GIB
+        largest_total = max(largest_total, left)
+        ax.text(left * 1.08, i, f"{left:.2f} GiB  (largest: {largest}, {parts[largest] / memory.GIB:.2f})", va="center", fontsize=7)
     ax.set_yticks(range(len(impls)), [STYLE[k]["label"] for k in impls], fontsize=8)
     ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_xlabel("GiB alive at the peak (over inputs)")
-    ax.set_title(f"What is alive at the peak, {_shape_label(batch=batch, seq=seq, hidden=hidden, vocab=vocab)}")
+    ax.set_xlim(0, largest_total * 400)
+    ax.set_xticks([t for t in (0, 1, 10, 100, 1000) if t <= largest_total * 1.5])
+    ax.set_xlabel("GiB alive at the peak, over the inputs (white lines separate tensors)")
+    ax.set_title(f"What is alive at the peak, {_shape_label(batch=batch, seq=seq, hidden=hidden, vocab=vocab)}", fontsize=10)
     add_caption(fig, MODEL_NOTE)
+    fig.subplots_adjust(left=0.3, right=0.97)
     return fig
 
 
@@ -153,81 +169,107 @@ def training_margin(history: list[dict]) -> Figure:
 
 
 def chunk_pareto(sweep: list[dict], provenance: dict | None, *, batch: int, seq: int, hidden: int, vocab: int,
-                 chunk_sizes: list[int]) -> Figure:
+                 chunk_sizes: list[int], source: str = "") -> Figure:
     """Time against memory for each chunk size: the measured sweep if any, the model's prediction always."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    captions = [MODEL_NOTE + f"; roofline at {memory.H200_GEMM_TFLOPS:.0f} TFLOP/s and {memory.H200_ROW_KERNEL_TBPS} TB/s"]
+    fig, ax = plt.subplots(figsize=(7, 4.6))
     for fp32_dw, linestyle in ((True, "--"), (False, ":")):
+        dw = "fp32" if fp32_dw else "weight dtype"
         model_mem = [memory.peak_gib("fused", batch, seq, hidden, vocab, chunk_rows=c, dw_fp32=fp32_dw) for c in chunk_sizes]
         model_ms = [memory.predicted_ms(memory.stage_costs("fused", batch, seq, hidden, vocab, chunk_rows=c)) for c in chunk_sizes]
-        ax.plot(model_mem, model_ms, linestyle, color="0.5", marker=".", label=f"model, dW in {'fp32' if fp32_dw else 'weight dtype'}")
-        for c, x, y in zip(chunk_sizes, model_mem, model_ms):
-            ax.annotate(str(c), (x, y), fontsize=6, color="0.5", xytext=(3, -8), textcoords="offset points")
+        ax.plot(model_mem, model_ms, linestyle, color="0.55", marker=".", label=f"model (roofline), dW in {dw}")
         points = sorted((p for p in sweep if p.get("fp32_weight_grad", True) == fp32_dw and p.get("status", "ok") == "ok"),
                         key=lambda p: p["chunk_size"])
         if points:
             ax.plot([p["peak_over_inputs_gib"] for p in points], [p["median_ms"] for p in points], linestyle="-",
-                    color=STYLE["fused" if fp32_dw else "fused_lean"]["color"], marker="D",
-                    label=f"measured, dW in {'fp32' if fp32_dw else 'weight dtype'}")
+                    color=STYLE["fused" if fp32_dw else "fused_lean"]["color"], marker="D", label=f"measured, dW in {dw}")
             for p in points:
-                ax.annotate(str(p["chunk_size"]), (p["peak_over_inputs_gib"], p["median_ms"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
-    if sweep and provenance:
-        captions.append(provenance_caption(provenance))
+                ax.annotate(str(p["chunk_size"]), (p["peak_over_inputs_gib"], p["median_ms"]), fontsize=7,
+                            xytext=(6, 2 if fp32_dw else -11), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_xlabel("peak memory over inputs (GiB)")
+    low, high = ax.get_xlim()
+    ax.set_xticks([t for t in (0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32) if low <= t <= high])
+    plain_log_axis(ax.xaxis)
+    ax.set_xlabel("peak memory over inputs (GiB); labels: chunk rows")
     ax.set_ylabel("forward+backward (ms)")
     ax.set_title(f"Chunk size: time against memory, {_shape_label(batch=batch, seq=seq, hidden=hidden, vocab=vocab)}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right")
+    captions = [MODEL_NOTE + f"; roofline at {memory.H200_GEMM_TFLOPS:.0f} TFLOP/s, {memory.H200_ROW_KERNEL_TBPS} TB/s"]
+    if sweep and provenance:
+        captions.append("Measured: " + provenance_caption(provenance, source))
     add_caption(fig, *captions)
     return fig
 
 
 def stage_breakdown(predicted: list[dict], record: BenchRecord | None = None) -> Figure:
-    """Per-stage time: roofline prediction from counted FLOPs/bytes, measured stages if recorded."""
+    """Per-stage time of one chunk: roofline prediction from counted FLOPs/bytes, and the measured stages if recorded."""
     measured = (record.sweeps.get("stages") if record else None) or []
-    fig, ax = plt.subplots(figsize=(7, 3.4))
-    names = [s["stage"] for s in predicted]
-    model_ms = [memory.predicted_ms([s]) for s in predicted]
-    ax.barh([i + 0.2 for i in range(len(names))], model_ms, height=0.4, color="0.6", label="model (roofline)")
+    panels = 2 if measured else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.0 + 0.3 * (len(predicted) + len(measured))), sharex=True,
+                             gridspec_kw={"height_ratios": [len(predicted)] + ([len(measured)] if measured else [])})
+    axes = list(axes) if panels == 2 else [axes]
+    groups = [("model (roofline)", predicted, [memory.predicted_ms([s]) for s in predicted], "0.6")]
+    if measured:
+        groups.append(("measured", measured, [s["median_ms"] for s in measured], STYLE["fused"]["color"]))
+    for ax, (title, stages, ms, color) in zip(axes, groups):
+        ax.barh(range(len(stages)), ms, color=color, height=0.6)
+        for i, value in enumerate(ms):
+            ax.text(value, i, f" {value:.2f}", va="center", fontsize=7)
+        ax.set_yticks(range(len(stages)), [s["stage"] for s in stages], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[-1].set_xlabel("ms per chunk")
+    axes[-1].set_xlim(right=max(max(g[2]) for g in groups) * 1.12)
+    rows = measured[0].get("chunk_rows") if measured else None
+    fig.suptitle("Where the time goes, stage by stage" + (f" ({rows}-row chunk)" if rows else ""), fontsize=11)
     captions = [MODEL_NOTE]
     if measured:
-        offset = len(names)
-        for j, s in enumerate(measured):
-            ax.barh(offset + j - 0.2, s["median_ms"], height=0.4, color=STYLE["fused"]["color"], label="measured" if j == 0 else None)
-        names = names + [s["stage"] for s in measured]
-        captions.append(provenance_caption(record.provenance))
-    ax.set_yticks(range(len(names)), names, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("ms")
-    ax.set_title("Where the time goes, stage by stage")
-    ax.legend(fontsize=8)
+        captions.append("Measured: " + record_caption(record))
     add_caption(fig, *captions)
+    fig.subplots_adjust(left=0.36, right=0.95, hspace=0.35)
     return fig
 
 
 def row_kernel_heatmap(record: BenchRecord) -> Figure:
-    """Achieved bandwidth of the row kernel for each (BLOCK_V, num_warps)."""
-    points = [p for p in record.sweeps["row_kernel"] if p.get("write_probs", True)]
-    blocks = sorted({p["block_v"] for p in points})
-    warps = sorted({p["num_warps"] for p in points})
-    grid = [[float("nan")] * len(blocks) for _ in warps]
-    for p in points:
-        grid[warps.index(p["num_warps"])][blocks.index(p["block_v"])] = p["gbps"]
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    image = ax.imshow(grid, cmap="viridis", aspect="auto")
-    for i, row in enumerate(grid):
-        for j, value in enumerate(row):
-            if value == value:
-                ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7, color="white")
-    ax.set_xticks(range(len(blocks)), [str(b) for b in blocks])
-    ax.set_yticks(range(len(warps)), [str(w) for w in warps])
-    ax.set_xlabel("BLOCK_V")
-    ax.set_ylabel("num_warps")
-    ax.set_title("Row kernel (statistics + in-place probabilities): GB/s moved")
-    fig.colorbar(image, ax=ax, label="GB/s")
-    add_caption(fig, provenance_caption(record.provenance))
+    """Achieved bandwidth of the row kernel for each (BLOCK_V, num_warps): statistics alone, and with probabilities."""
+    variants = [(False, "statistics (one read)"), (True, "statistics + in-place probabilities")]
+    variants = [(w, t) for w, t in variants if any(p.get("write_probs", True) == w for p in record.sweeps["row_kernel"])]
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.6 * len(variants), 3.6), squeeze=False)
+    for ax, (write_probs, title) in zip(axes[0], variants):
+        points = [p for p in record.sweeps["row_kernel"] if p.get("write_probs", True) == write_probs]
+        blocks = sorted({p["block_v"] for p in points})
+        warps = sorted({p["num_warps"] for p in points})
+        grid = [[float("nan")] * len(blocks) for _ in warps]
+        for p in points:
+            grid[warps.index(p["num_warps"])][blocks.index(p["block_v"])] = p["gbps"]
+        ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0, vmax=3500)
+        best = max(points, key=lambda p: p["gbps"])
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                if value == value:
+                    is_best = (warps[i], blocks[j]) == (best["num_warps"], best["block_v"])
+                    ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=8,
+                            color="black" if value > 2200 else "white", fontweight="bold" if is_best else "normal")
+        ax.set_xticks(range(len(blocks)), [str(b) for b in blocks])
+        ax.set_yticks(range(len(warps)), [str(w) for w in warps])
+        ax.set_xlabel("BLOCK_V")
+        ax.set_ylabel("num_warps")
+        ax.set_title(f"{title}\nbest {best['gbps']:.0f} GB/s", fontsize=9)
+    fig.suptitle("Row kernel: GB/s moved (HBM peak ≈ 4800; colour scale 0–3500)", fontsize=10)
+    add_caption(fig, "Measured: " + record_caption(record))
+    fig.subplots_adjust(top=0.78, wspace=0.3)
     return fig
+
+
+def _x_floor(record: BenchRecord, provider: str, mode: str, shape: dict, batches) -> list[tuple[int, float]]:
+    """(batch, median / floor median of the same run) for one provider; floor rows give 1."""
+    points = []
+    for r in record.select(provider=provider, mode=floor_mode(mode) if provider == "floor" else mode, **shape, **UNMASKED):
+        floor = record.select(provider="floor", mode=floor_mode(mode), batch=r["batch"], **shape, **UNMASKED)
+        if floor and (batches is None or r["batch"] in batches):
+            points.append((r["batch"], r["median_ms"] / floor[0]["median_ms"]))
+    return sorted(points)
 
 
 def batch_scaling(
@@ -240,80 +282,110 @@ def batch_scaling(
     references: list[BenchRecord] = (),
     batches: list[int] | None = None,
 ) -> Figure:
-    """Time and peak memory against batch for every provider at one (T, H, V), references as hollow markers.
+    """Time as a multiple of the floor and peak memory against batch, for every provider at one (T, H, V).
 
-    The floor of "forward" and "eval" is the logits GEMM alone. ``batches`` limits the points drawn;
-    a panel with nothing to draw says why instead of showing empty axes.
+    Ratios are taken against the floor of the same run (the logits GEMM alone for "forward" and
+    "eval"); references with floor rows of their own are drawn hollow and dotted. A panel with
+    nothing to draw says why instead of showing empty axes.
     """
-    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
-    fig.subplots_adjust(wspace=0.3)  # room for the memory panel's y label
-    captions, oom = [], []
+    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 5.0))
+    captions, oom, handles = [], [], {}
     providers = ("floor", "seed_baseline", "baseline", "liger", "fused", "fused_lean")
     shape = {"seq": seq, "hidden": hidden, "vocab": vocab}
 
     def in_batches(rows):
         return sorted((r for r in rows if batches is None or r["batch"] in batches), key=lambda r: r["batch"])
 
-    if record is not None:
+    def draw(source: BenchRecord, reference: bool) -> bool:
         drawn = False
-        for provider in providers:
-            provider_mode = floor_mode(mode) if provider == "floor" else mode
-            rows = in_batches(record.select(provider=provider, mode=provider_mode, **shape, **UNMASKED))
-            oom += [(r["batch"], provider) for r in in_batches(record.select(provider=provider, mode=provider_mode, status="oom", **shape, **UNMASKED))]
-            if not rows:
-                continue
+        for provider in providers[1:] if reference else providers:  # a reference's floor is the line at 1
             style = STYLE["logits_gemm" if provider == "floor" and mode != "full" else provider]
-            batch_sizes = [r["batch"] for r in rows]
-            time_ax.errorbar(
-                batch_sizes, [r["median_ms"] for r in rows],
-                yerr=[[r["median_ms"] - r["min_ms"] for r in rows], [r["max_ms"] - r["median_ms"] for r in rows]],
-                color=style["color"], marker=style["marker"], label=style["label"], capsize=2,
-            )
+            line = {"color": style["color"], "marker": style["marker"], "linestyle": ":" if reference else "-",
+                    "markerfacecolor": "none" if reference else style["color"]}
+            ratios = _x_floor(source, provider, mode, shape, batches)
+            if ratios:
+                time_ax.plot(*zip(*ratios), **line)
+                drawn = True
+            rows = in_batches(source.select(provider=provider, mode=mode, **shape, **UNMASKED))
             mem = [(r["batch"], r["peak_over_inputs_gib"]) for r in rows if r.get("peak_over_inputs_gib") is not None and provider != "floor"]
             if mem:
-                mem_ax.plot(*zip(*mem), color=style["color"], marker=style["marker"], label=style["label"])
-            drawn = True
-        if drawn or oom:
-            captions.append(provenance_caption(record.provenance))
+                mem_ax.plot(*zip(*mem), **line)
+                drawn = True
+            if ratios or mem:
+                label = style["label"] + (f", {source.source}" if reference else "")
+                handles.setdefault(label, Line2D([], [], label=label, **line))
+        return drawn
+
+    if record is not None:
+        oom = [(r["batch"], r["provider"]) for r in in_batches(record.select(mode=mode, status="oom", **shape, **UNMASKED))]
+        if draw(record, reference=False) or oom:
+            captions.append("Measured: " + record_caption(record))
     for reference in references:
-        drawn = False
-        for provider in providers:
-            rows = in_batches(reference.select(provider=provider, **shape))
-            if not rows:
-                continue
-            style = STYLE[provider]
-            label = f"{style['label']} — {reference.source}, {rows[0]['mode']}"
-            time_ax.plot([r["batch"] for r in rows], [r["median_ms"] for r in rows], linestyle=":", marker=style["marker"], markerfacecolor="none", color=style["color"], label=label)
-            mem = [(r["batch"], r["peak_over_inputs_gib"]) for r in rows if r.get("peak_over_inputs_gib") is not None]
-            if mem:
-                mem_ax.plot(*zip(*mem), linestyle=":", marker=style["marker"], markerfacecolor="none", color=style["color"], label=label)
-            drawn = True
-        if drawn:
-            captions.append(f"Reference ({reference.source}): " + provenance_caption(reference.provenance))
+        if draw(reference, reference=True):
+            captions.append(f"Reference: {record_caption(reference)}")
     if record is None:
         why_empty = "no GPU benchmark record in figures/data yet"
     elif oom:
         why_empty = f"out of memory at B={', '.join(sorted({str(b) for b, _ in oom}, key=int))} in {record.source}"
     else:
         why_empty = f"none in {record.source}"
-    for ax, ylabel, quantity in ((time_ax, f"{mode} (ms, median; bars: min–max)", "times"),
+    floor_name = "the 3 GEMMs" if mode == "full" else "the logits GEMM"
+    for ax, ylabel, quantity in ((time_ax, f"{mode} time / {floor_name} (median, same run)", "times"),
                                  (mem_ax, "peak memory over inputs (GiB)", "peaks")):
         ax.set_xlabel("batch B")
         ax.set_ylabel(ylabel)
-        if not ax.get_legend_handles_labels()[0]:
+        if not ax.lines:
             ax.text(0.5, 0.5, f"No measured {mode} {quantity}\nat {_shape_label(**shape)}:\n{why_empty}",
                     transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.3")
             ax.set_xticks([])
             ax.set_yticks([])
             continue
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.set_yscale("log")
+        plain_log_axis(ax.xaxis)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
-    if time_ax.get_legend_handles_labels()[0]:  # OOM marks sit at the top of a drawn time axis
+    if mem_ax.lines:
+        mem_ax.set_yscale("log")
+        plain_log_axis(mem_ax.yaxis)
+    if time_ax.lines:
+        time_ax.axhline(1.0, color="0.35", linewidth=0.8)
+        time_ax.set_ylim(bottom=min(0.9, time_ax.get_ylim()[0]))
         for batch, provider in oom:
             time_ax.annotate("OOM", (batch, time_ax.get_ylim()[1]), color=STYLE[provider]["color"], fontsize=7, va="top")
-    fig.suptitle(f"Scaling with batch, {_shape_label(**shape)}, mode {mode}")
+    if handles:
+        fig.legend(handles=list(handles.values()), loc="upper center", bbox_to_anchor=(0.5, 0.25), ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(f"Scaling with batch, {_shape_label(**shape)}, mode {mode}", fontsize=11)
     add_caption(fig, *captions)
+    fig.subplots_adjust(bottom=0.36, wspace=0.3, top=0.9)
+    return fig
+
+
+def mask_comparison(rows: list[dict], record: BenchRecord) -> Figure:
+    """Forward+backward time over the unmasked floor, every token counted against the prompt-half masked,
+    per workload and provider (rows from ``measurements.mask_rows``)."""
+    workloads = sorted({(r["batch"], r["seq"]) for r in rows}, key=lambda w: (w[1], w[0]))
+    masks = sorted({r["mask"] for r in rows}, key=lambda m: (m != "none", m))
+    providers = [p for p in ("floor", "baseline", "liger", "fused") if any(r["provider"] == p for r in rows)]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.4 * len(workloads), 3.8), sharey=True, squeeze=False)
+    width = 0.8 / len(masks)
+    for ax, (batch, seq) in zip(axes[0], workloads):
+        for k, mask in enumerate(masks):
+            for i, provider in enumerate(providers):
+                found = [r for r in rows if (r["batch"], r["seq"], r["mask"], r["provider"]) == (batch, seq, mask, provider)]
+                if not found:
+                    continue
+                value = found[0]["x_unmasked_floor"]
+                ax.bar(i + (k - (len(masks) - 1) / 2) * width, value, width, color=STYLE[provider]["color"],
+                       alpha=1.0 if mask == "none" else 0.55, hatch=None if mask == "none" else "//", edgecolor="white")
+                ax.text(i + (k - (len(masks) - 1) / 2) * width, value, f"{value:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.axhline(1.0, color="0.35", linewidth=0.8)
+        ax.set_xticks(range(len(providers)), [STYLE[p]["label"].split(" (")[0] for p in providers], fontsize=8)
+        ax.set_title(f"B={batch}, T={seq}", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("time / unmasked floor (same run)")
+    legend = [plt.Rectangle((0, 0), 1, 1, facecolor="0.5", alpha=1.0 if m == "none" else 0.55, hatch=None if m == "none" else "//",
+                            edgecolor="white", label=f"mask {m}") for m in masks]
+    fig.legend(handles=legend, loc="upper right", fontsize=8, ncol=len(masks), frameon=False)
+    fig.suptitle("Realistic mask: the first half of every sequence is prompt", fontsize=11, x=0.3)
+    add_caption(fig, "Measured: " + record_caption(record))
+    fig.subplots_adjust(top=0.84, wspace=0.08)
     return fig
