@@ -16,8 +16,8 @@ import torch
 from IPython.display import display
 
 from . import memory, plots
-from .measurements import (H200_ANCHORS, NO_RECORD_MESSAGE, SEED_A100_FORWARD, batch_scaling_rows, format_table,
-                           latest_bench_record, provenance_caption)
+from .measurements import (H200_ANCHORS, NO_RECORD_MESSAGE, batch_scaling_rows, format_table, latest_bench_record,
+                           record_caption)
 
 POWERS_OF_TWO = [2**k for k in range(1, 8)]
 
@@ -106,10 +106,10 @@ def show_batch_scaling(seq: int, hidden: int, vocab: int, mode: str = "full", la
     else:
         floor = "the three GEMMs" if mode == "full" else "the logits GEMM alone, its eval run"
         print(f"Measured ({record.source}, mask none); x_floor = median_ms / floor median_ms (floor: {floor}; same run)")
-        print(provenance_caption(record.provenance))
+        print(record_caption(record))
         print(format_table(measured, ["batch", "provider", "median_ms", "x_floor", "peak_over_inputs_gib", "status"],
                            {"median_ms": ".2f", "x_floor": ".3f", "peak_over_inputs_gib": ".2f"}))
-    references = {"full": [H200_ANCHORS], "forward": [SEED_A100_FORWARD]}.get(mode, [])
+    references = [H200_ANCHORS] if mode == "full" else []  # references need floor rows of their own
     fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode=mode, references=references, batches=batches)
     _show(fig, output_dir, f"batch-scaling-{mode}-T{seq}")
     return {
@@ -194,6 +194,6 @@ def live_chunk_sweep(batch: int, seq: int, hidden: int, vocab: int, chunk_sizes:
     sweep = chunk_sweep(Workload(batch, seq, hidden, vocab), torch.device("cuda"), chunk_sizes, warmup=2, reps=5)
     provenance = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": "this session",
                   "command": "orpo_lib.widgets.live_chunk_sweep"}
-    fig = plots.chunk_pareto(sweep, provenance, batch=batch, seq=seq, hidden=hidden, vocab=vocab, chunk_sizes=chunk_sizes)
+    fig = plots.chunk_pareto(sweep, provenance, source="live sweep", batch=batch, seq=seq, hidden=hidden, vocab=vocab, chunk_sizes=chunk_sizes)
     _show(fig, output_dir, "chunk-pareto-live")
     return sweep
