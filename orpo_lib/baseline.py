@@ -23,7 +23,7 @@ def orpo_loss_baseline(hidden, weight, target, bias=None, *, beta=0.1, ignore_in
         picked = log_probs.gather(-1, torch.where(valid, labels, 0).long().unsqueeze(-1)).squeeze(-1)
         return torch.where(valid, picked, 0.0)
 
-    seq_logps = token_logps(target, counts.target_valid).sum(1) / counts.target_valid.sum(1)
+    seq_logps = token_logps(target, counts.target_valid).sum(1) / counts.tokens_per_seq
     or_loss, log_odds = OddsRatioLoss.apply(seq_logps[:pairs], seq_logps[pairs:], float(beta))
     if compute_nll_loss:
         nll_labels = target if nll_target is None else nll_target

@@ -103,7 +103,7 @@ class _Block:
 class ChunkedORPO:
     """One call of the fused loss: forward() runs the chunks, backward(g) finishes the gradients."""
 
-    def __init__(self, hidden, weight, bias, target, nll_target, counts: TokenCounts, *, beta,
+    def __init__(self, hidden, weight, bias, counts: TokenCounts, *, beta,
                  compute_nll_loss, chunk_size, fp32_weight_grad, needs_grad):
         self.hidden, self.weight, self.bias = hidden, weight, bias
         self.beta, self.compute_nll_loss = beta, compute_nll_loss
@@ -115,10 +115,9 @@ class ChunkedORPO:
         device, dtype = hidden.device, hidden.dtype
         tokens = batch * seq
 
-        nll_labels = target if nll_target is None else nll_target
-        self.target = torch.where(counts.target_valid, target, -1).to(torch.int32).view(-1)
-        self.nll_target = torch.where(counts.nll_valid, nll_labels, -1).to(torch.int32).view(-1)
-        self.tokens_per_seq = torch.tensor(counts.target_per_seq, device=device, dtype=torch.float32)
+        self.target = counts.target_ids.view(-1)
+        self.nll_target = counts.nll_ids.view(-1)
+        self.tokens_per_seq = counts.tokens_per_seq
         self.nll_tokens = counts.nll_tokens
 
         # Rows in pair order (chosen i, then rejected i), without the tokens no target needs.
@@ -285,8 +284,8 @@ class ChunkedORPO:
 
 class _FusedLinearORPOFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, nll_target, counts, options):
-        run = ChunkedORPO(hidden, weight, bias, target, nll_target, counts, **options)
+    def forward(ctx, hidden, weight, bias, counts, options):
+        run = ChunkedORPO(hidden, weight, bias, counts, **options)
         loss, nll_loss, or_loss, c, r, log_odds, logits_means = run.forward()
         ctx.run = run if run.needs_grad else None
         ctx.mark_non_differentiable(nll_loss, or_loss, c, r, log_odds, logits_means)
@@ -299,7 +298,7 @@ class _FusedLinearORPOFunction(torch.autograd.Function):
             raise RuntimeError("fused_linear_orpo_loss: backward can run only once per forward")
         dx, dw, db = ctx.run.backward(grad_loss)
         ctx.run = None
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None
 
 
 def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignore_index=-100, nll_target=None,
@@ -316,9 +315,6 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignor
     Gradients flow to hidden, weight and bias, each only if it requires grad.
     """
     check_arguments(hidden, weight, target, bias, nll_target, beta=beta, chunk_size=chunk_size)
-    if hidden.device.type == "cpu" and not kernels.INTERPRET:
-        raise ValueError("hidden is on the CPU, but the Triton kernels were compiled for the GPU: move the "
-                         "tensors to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
     counts = count_tokens(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss)
     grad_on = torch.is_grad_enabled()
     needs_grad = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
@@ -326,7 +322,7 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignor
     options = dict(beta=float(beta), compute_nll_loss=compute_nll_loss, chunk_size=chunk_size,
                    fp32_weight_grad=fp32_weight_grad, needs_grad=needs_grad)
     loss, nll_loss, or_loss, c, r, log_odds, logits_means = _FusedLinearORPOFunction.apply(
-        hidden, weight, bias, target, nll_target, counts, options)
+        hidden, weight, bias, counts, options)
     return orpo_output(loss, nll_loss, or_loss, c, r, log_odds, beta=beta,
                        chosen_logits_mean=logits_means[0], rejected_logits_mean=logits_means[1])
 

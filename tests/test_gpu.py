@@ -66,5 +66,6 @@ def test_peak_memory_is_bounded_by_the_chunk():
 
 def test_cpu_tensors_need_the_interpreter():
     problem = make_problem()
-    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"])
+    for loss_fn in (orpo_lib.fused_linear_orpo_loss, orpo_lib.orpo_loss_baseline):
+        with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+            loss_fn(problem["hidden"], problem["weight"], problem["target"])
