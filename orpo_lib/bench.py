@@ -28,12 +28,12 @@ import torch
 from . import kernels
 from .baseline import orpo_loss_baseline
 from .fused import _addmm_, _mm, fused_linear_orpo_loss
+from .memory import LEAN_CHUNK_ROWS
 
 SEED_SHAPES = [(b, t) for t in (1024, 4096) for b in (2, 4, 8, 16)]
 SEED_HIDDEN, SEED_VOCAB = 4096, 128256
 CPU_SHAPES = [(2, 32), (4, 32)]
 CPU_HIDDEN, CPU_VOCAB = 64, 1000
-LEAN_CHUNK_ROWS = 1024
 GIB = 1 << 30
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

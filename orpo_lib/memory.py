@@ -15,16 +15,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
+from .fused import DEFAULT_CHUNK_ROWS, LOGITS_BUDGET_BYTES, auto_chunk_rows
+
 GIB = 2**30
 FP32_BYTES = 4
 
 IMPLEMENTATIONS = ("seed_baseline", "baseline", "liger", "fused", "fused_lean")
 
-# Token rows whose logits may exist at once in the default fused setting; chunks hold whole pairs
-# (orpo_lib.fused.DEFAULT_CHUNK_ROWS). A pair longer than this gets a chunk of its own, as long as
-# its logits fit LOGITS_BUDGET_BYTES (orpo_lib.fused.LOGITS_BUDGET_BYTES).
-DEFAULT_CHUNK_ROWS = 4096
-LOGITS_BUDGET_BYTES = 8 << 30
 # The lean setting trades one extra GEMM per chunk for a small logits buffer.
 LEAN_CHUNK_ROWS = 1024
 # Per token the fused loss keeps three fp32 statistics (log-prob, NLL log-prob, logit sum), two
@@ -46,13 +45,12 @@ class Chunking:
 
 
 def chunk_row_limit(seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2) -> int:
-    """The most token rows whose logits may exist at once."""
+    """The most token rows whose logits may exist at once (the library's rule, without its free-memory cap)."""
     if chunk_size is not None:
         return int(chunk_size)
-    limit = max(DEFAULT_CHUNK_ROWS, 2 * seq)
-    if vocab:
-        limit = min(limit, max(1, LOGITS_BUDGET_BYTES // (vocab * dtype_bytes)))
-    return limit
+    if not vocab:
+        return max(DEFAULT_CHUNK_ROWS, 2 * seq)
+    return auto_chunk_rows(2 * seq, vocab, dtype_bytes, torch.device("cpu"))
 
 
 def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2) -> Chunking:

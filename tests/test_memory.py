@@ -60,11 +60,6 @@ def test_chunking_matches_the_library(batch, seq, chunk_size):
     assert model.passes == (2 if any(len(g.blocks) > 1 for g in groups) else 1)
 
 
-def test_constants_match_the_library():
-    assert memory.DEFAULT_CHUNK_ROWS == fused.DEFAULT_CHUNK_ROWS
-    assert memory.LOGITS_BUDGET_BYTES == fused.LOGITS_BUDGET_BYTES
-
-
 def test_odd_batch_is_rejected():
     with pytest.raises(ValueError, match="even"):
         memory.chunking(3, 16)
