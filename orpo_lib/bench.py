@@ -203,10 +203,11 @@ def peak_memory(run, device):
     return peak / GIB, (peak - before) / GIB
 
 
-def measure(provider, mode, w, inputs, device, *, warmup, reps, chunk_size=None) -> Result:
+def measure(provider, mode, w, inputs, device, *, warmup, reps, chunk_size=None, make_run=None) -> Result:
+    """One provider in one mode: peak memory, then timing; ``make_run`` overrides ``PROVIDERS[provider]``."""
     result = Result(provider, mode, w.batch, w.seq, w.hidden, w.vocab, w.dtype, w.mask, chunk_size)
     try:
-        run = PROVIDERS[provider](w, inputs, mode)
+        run = (make_run or PROVIDERS[provider])(w, inputs, mode)
         result.peak_gib, result.peak_over_inputs_gib = peak_memory(run, device)
         result.median_ms, result.min_ms, result.max_ms, result.reps = time_call(run, device, warmup, reps)
         gemms = 1 if mode != "full" else 3
@@ -255,11 +256,10 @@ def chunk_sweep(w: Workload, device, chunks, *, warmup, reps) -> list:
     rows = []
     for chunk in chunks:
         for fp32_dw in (True, False):
-            PROVIDERS["_sweep"] = _fused(chunk_size=chunk, fp32_weight_grad=fp32_dw)
-            r = measure("_sweep", "full", w, inputs, device, warmup=warmup, reps=reps, chunk_size=chunk)
+            r = measure("fused", "full", w, inputs, device, warmup=warmup, reps=reps, chunk_size=chunk,
+                        make_run=_fused(chunk_size=chunk, fp32_weight_grad=fp32_dw))
             rows.append({"chunk_size": chunk, "fp32_weight_grad": fp32_dw, "median_ms": r.median_ms,
                          "peak_over_inputs_gib": r.peak_over_inputs_gib, "status": r.status, "error": r.error})
-    PROVIDERS.pop("_sweep", None)
     return rows
 
 
