@@ -1,6 +1,8 @@
-"""Triton kernels for the row work of the chunked ORPO loss.
+"""Triton kernels of the chunked ORPO loss.
 
-A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. Two kernels touch it:
+``label_stats_kernel`` reads the labels once, before any other work: which tokens count, how many
+per sequence, and whether any id is out of range. Then, per chunk, the logits (C rows × V) sit in one
+buffer written by the logits GEMM, and two kernels touch it:
 
 * ``row_stats_kernel`` — one program per row: an online log-sum-exp over the vocabulary, the
   log-probs of the two targets and the row sum of logits; with ``WRITE_PROBS`` it then rewrites
@@ -211,9 +213,9 @@ class RowLaunch:
     num_warps: int
 
 
-# Chosen from the H200 sweep in figures/data (notebooks/03-kernel-tuning.ipynb): statistics alone
-# stream best with many small programs; with the probabilities, wide programs (fewer rows open at
-# once) do best, as more of each row's second read then comes from L2.
+# Chosen from the H200 sweeps in figures/data (notebooks/03-kernel-tuning.ipynb): statistics alone
+# stream best with many small programs; with the probabilities, 32-warp programs that step 16K
+# columns at a time measured best (fewer rows are open at once, so more second reads hit L2).
 STATS_LAUNCH = RowLaunch(block_v=2048, num_warps=4)
 PROBS_LAUNCH = RowLaunch(block_v=16384, num_warps=32)
 
