@@ -1,8 +1,6 @@
-"""Triton kernels of the chunked ORPO loss.
+"""Triton kernels for the row work of the chunked ORPO loss.
 
-``label_stats_kernel`` reads the labels once, before any other work: which tokens count, how many
-per sequence, and whether any id is out of range. Then, per chunk, the logits (C rows × V) sit in one
-buffer written by the logits GEMM, and two kernels touch it:
+A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. Two kernels touch it:
 
 * ``row_stats_kernel`` — one program per row: an online log-sum-exp over the vocabulary, the
   log-probs of the two targets and the row sum of logits; with ``WRITE_PROBS`` it then rewrites
@@ -29,50 +27,6 @@ def _log1p(x):
     # log(1 + x) without losing a tiny x to rounding (Goldberg's trick; tl has no log1p).
     u = 1.0 + x
     return tl.where(u == 1.0, x, tl.log(u) * (x / tl.where(u == 1.0, 1.0, u - 1.0)))
-
-
-@triton.jit
-def label_stats_kernel(
-    target_ptr,  # (B, T) integer labels of the odds-ratio target
-    nll_target_ptr,  # (B, T) integer labels of the NLL term (may be target_ptr itself)
-    stride_tb, stride_tt, stride_nb, stride_nt,
-    target_ids_ptr,  # (B, T) int32 out: the label, or -1 where the token does not count
-    nll_ids_ptr,  # (B, T) int32 out: the same for the NLL term (chosen half only)
-    stats_ptr,  # (B, 5) int32 out: target tokens, kept tokens, NLL tokens, bad target ids, bad NLL ids
-    T,
-    V,
-    ignore_index,
-    pairs,  # B / 2: rows below it are chosen responses
-    COMPUTE_NLL: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):
-    # One program per sequence: one read of the labels gives every check and count the loss needs.
-    seq = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_T)
-    n_target = tl.zeros([BLOCK_T], dtype=tl.int32)
-    n_kept = tl.zeros([BLOCK_T], dtype=tl.int32)
-    n_nll = tl.zeros([BLOCK_T], dtype=tl.int32)
-    bad_target = tl.zeros([BLOCK_T], dtype=tl.int32)
-    bad_nll = tl.zeros([BLOCK_T], dtype=tl.int32)
-    for start in range(0, T, BLOCK_T):
-        t = start + offs
-        in_seq = t < T
-        target = tl.load(target_ptr + seq * stride_tb + t * stride_tt, mask=in_seq, other=ignore_index)
-        nll_target = tl.load(nll_target_ptr + seq * stride_nb + t * stride_nt, mask=in_seq, other=ignore_index)
-        target_counts = in_seq & (target != ignore_index)
-        nll_counts = in_seq & (nll_target != ignore_index) & (seq < pairs) & COMPUTE_NLL
-        tl.store(target_ids_ptr + seq * T + t, tl.where(target_counts, target, -1).to(tl.int32), mask=in_seq)
-        tl.store(nll_ids_ptr + seq * T + t, tl.where(nll_counts, nll_target, -1).to(tl.int32), mask=in_seq)
-        n_target += target_counts.to(tl.int32)
-        n_kept += (target_counts | nll_counts).to(tl.int32)
-        n_nll += nll_counts.to(tl.int32)
-        bad_target += (target_counts & ((target < 0) | (target >= V))).to(tl.int32)
-        bad_nll += (nll_counts & ((nll_target < 0) | (nll_target >= V))).to(tl.int32)
-    tl.store(stats_ptr + seq * 5 + 0, tl.sum(n_target, axis=0))
-    tl.store(stats_ptr + seq * 5 + 1, tl.sum(n_kept, axis=0))
-    tl.store(stats_ptr + seq * 5 + 2, tl.sum(n_nll, axis=0))
-    tl.store(stats_ptr + seq * 5 + 3, tl.sum(bad_target, axis=0))
-    tl.store(stats_ptr + seq * 5 + 4, tl.sum(bad_nll, axis=0))
 
 
 @triton.jit
@@ -185,24 +139,6 @@ def target_grads_kernel(
     elem = logits_ptr.dtype.element_ty
     tl.store(row_ptr + target, target_value.to(elem), mask=in_chunk & (target >= 0))
     tl.store(row_ptr + nll_target, nll_value.to(elem), mask=in_chunk & (nll_target >= 0) & (nll_target != target))
-
-
-def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: bool):
-    """Launch ``label_stats_kernel``: int32 label ids (-1 where a token does not count) and per-sequence stats."""
-    if target.device.type == "cpu" and not INTERPRET:
-        raise ValueError("the tensors are on the CPU, but the Triton kernels were compiled for the GPU: move them "
-                         "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
-    batch, seq = target.shape
-    nll_target = target if nll_target is None else nll_target
-    target_ids = torch.empty(batch, seq, device=target.device, dtype=torch.int32)
-    nll_ids = torch.empty_like(target_ids)
-    stats = torch.empty(batch, 5, device=target.device, dtype=torch.int32)
-    label_stats_kernel[(batch,)](
-        target, nll_target, target.stride(0), target.stride(1), nll_target.stride(0), nll_target.stride(1),
-        target_ids, nll_ids, stats, seq, vocab, ignore_index, batch // 2,
-        COMPUTE_NLL=compute_nll, BLOCK_T=min(triton.next_power_of_2(seq), 1024), num_warps=4,
-    )
-    return target_ids, nll_ids, stats
 
 
 @dataclass(frozen=True)
