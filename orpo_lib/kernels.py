@@ -151,7 +151,8 @@ class RowLaunch:
 
 # Chosen from the H200 sweeps in figures/data (notebooks/03-kernel-tuning.ipynb): statistics alone
 # stream best with many small programs; with the probabilities, 32-warp programs that step 16K
-# columns at a time measured best (fewer rows are open at once, so more second reads hit L2).
+# columns at a time measured best (likely because fewer rows are open at once, so more second
+# reads hit L2; not measured directly).
 STATS_LAUNCH = RowLaunch(block_v=2048, num_warps=4)
 PROBS_LAUNCH = RowLaunch(block_v=16384, num_warps=32)
 
