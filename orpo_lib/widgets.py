@@ -20,6 +20,7 @@ from .measurements import (H200_ANCHORS, NO_RECORD_MESSAGE, batch_scaling_rows, 
                            record_caption)
 
 POWERS_OF_TWO = [2**k for k in range(1, 8)]
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 def _show(fig, output_dir: str | Path | None, name: str):
@@ -55,15 +56,18 @@ def memory_table(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int 
     return rows
 
 
-def show_memory(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int = 0, output_dir: str | Path | None = None) -> list[dict]:
+def show_memory(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int = 0, dtype: str = "bf16",
+                output_dir: str | Path | None = None) -> list[dict]:
     """Table and breakdown figure of the modelled peaks; ``chunk_rows=0`` means the fused default."""
     rows_limit = chunk_rows or None
-    table = memory_table(batch, seq, hidden, vocab, rows_limit)
-    chunk = memory.chunking(batch, seq, rows_limit, vocab)
-    print(f"B={batch} T={seq} H={hidden} V={vocab}: fused chunks of {chunk.rows} rows × {chunk.count}, "
+    dtype_bytes = DTYPE_BYTES[dtype]
+    table = memory_table(batch, seq, hidden, vocab, rows_limit, dtype_bytes)
+    chunk = memory.chunking(batch, seq, rows_limit, vocab, dtype_bytes)
+    print(f"{dtype}, B={batch} T={seq} H={hidden} V={vocab}: fused chunks of {chunk.rows} rows × {chunk.count}, "
           f"{'two passes (logits recomputed)' if chunk.passes == 2 else 'one pass'}")
     print(format_table(table, ["impl", "peak", "phase", "largest_part"]))
-    _show(plots.memory_breakdown(batch, seq, hidden, vocab, chunk_rows=rows_limit), output_dir, "memory-breakdown")
+    _show(plots.memory_breakdown(batch, seq, hidden, vocab, dtype_bytes=dtype_bytes, chunk_rows=rows_limit),
+          output_dir, "memory-breakdown")
     return table
 
 
@@ -147,10 +151,12 @@ def interactive_view(view, controls: dict, fixed: dict | None = None) -> widgets
     return widgets.VBox([widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap")), output])
 
 
-def memory_explorer(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int = 0) -> widgets.VBox:
-    """``show_memory`` under shape and chunk-size controls."""
+def memory_explorer(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int = 0, dtype: str = "bf16") -> widgets.VBox:
+    """``show_memory`` under shape, chunk-size and dtype controls."""
     controls = shape_controls(batch, seq, hidden, vocab)
     controls["chunk_rows"] = int_slider("chunk rows (0: default)", chunk_rows, [0, 256, 1024, 2048, 4096, 8192, 16384])
+    controls["dtype"] = widgets.SelectionSlider(description="dtype", options=list(DTYPE_BYTES), value=dtype,
+                                                continuous_update=False)
     return interactive_view(show_memory, controls)
 
 

@@ -103,10 +103,22 @@ def _controls(box):
 def test_memory_explorer_controls_update_on_release_only():
     box = widgets.memory_explorer(4, 64, 64, 2048)
     controls = _controls(box)
-    assert [c.description for c in controls] == ["batch B", "seq T", "hidden H", "vocab V", "chunk rows (0: default)"]
+    assert [c.description for c in controls] == ["batch B", "seq T", "hidden H", "vocab V", "chunk rows (0: default)",
+                                                 "dtype"]
     assert all(c.continuous_update is False for c in controls)
     assert isinstance(box.children[1], ipywidgets.Output)
     controls[0].value = 8  # the callback re-runs show_memory without error
+
+
+def test_memory_view_follows_the_dtype(capsys):
+    bf16 = widgets.show_memory(4, 64, 64, 2048)
+    fp32 = widgets.show_memory(4, 64, 64, 2048, dtype="fp32")
+    assert "fp32, B=4 T=64 H=64 V=2048" in capsys.readouterr().out
+    for a, b in zip(bf16, fp32):
+        assert b["peak_gib"] == pytest.approx(memory.peak_gib(a["impl"], 4, 64, 64, 2048, 4, **(
+            {"chunk_rows": None} if a["impl"] == "fused" else {})))
+        assert b["peak_gib"] >= a["peak_gib"]  # fp32 parts (accumulators, upcast logits) do not grow
+    assert sum(r["peak_gib"] for r in fp32) > sum(r["peak_gib"] for r in bf16)
 
 
 def test_interactive_view_passes_control_values_to_the_view():
