@@ -28,7 +28,7 @@ import torch
 from . import kernels
 from .baseline import orpo_loss_baseline
 from .fused import _addmm_, _mm, fused_linear_orpo_loss
-from .memory import LEAN_CHUNK_ROWS
+from .memory import LEAN_CHUNK_ROWS, fused_chunk_rows
 
 SEED_SHAPES = [(b, t) for t in (1024, 4096) for b in (2, 4, 8, 16)]
 SEED_HIDDEN, SEED_VOCAB = 4096, 128256
@@ -434,7 +434,7 @@ def main(argv=None):
                 torch._dynamo.reset()
             inputs_for[key] = make_inputs(w, device)
         result = measure(provider, mode, w, inputs_for[key], device, warmup=warmup, reps=reps,
-                         chunk_size=LEAN_CHUNK_ROWS if provider == "fused_lean" else None)
+                         chunk_size=fused_chunk_rows(provider, None))
         record["results"].append(asdict(result))
     inputs_for.clear()
 

@@ -227,14 +227,16 @@ class ChunkedORPO:
             dx_rows = torch.mul(_mm(q, self.weight), scale[:, None], out=torch.empty_like(block.x))
             self.dx.index_copy_(0, block.rows, dx_rows)
         if self.grad_weight:
-            if self.single_block:  # the whole dW in one GEMM, in the weight's dtype, upstream included
-                self.dw = torch.mm(q.t(), torch.mul(block.x, scale[:, None], out=torch.empty_like(block.x)))
+            # One chunk: the whole dW in one GEMM, in the weight's dtype, upstream included. Several:
+            # accumulated unscaled, and backward() folds the upstream into the final conversion.
+            x_scale = scale if self.single_block else block.row_scale
+            scaled_x = torch.mul(block.x, x_scale[:, None], out=torch.empty_like(block.x))
+            if self.single_block:
+                self.dw = torch.mm(q.t(), scaled_x)
+            elif self.dw is None:
+                self.dw = _mm(q.t(), scaled_x, self.dw_dtype)
             else:
-                scaled_x = torch.mul(block.x, block.row_scale[:, None], out=torch.empty_like(block.x))
-                if self.dw is None:
-                    self.dw = _mm(q.t(), scaled_x, self.dw_dtype)
-                else:
-                    _addmm_(self.dw, q.t(), scaled_x)
+                _addmm_(self.dw, q.t(), scaled_x)
         if self.grad_bias:
             self.db += _mm(q.t(), block.row_scale[:, None].to(q.dtype)).view(-1)
 

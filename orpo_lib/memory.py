@@ -164,6 +164,11 @@ def _liger_phases(batch, seq, hidden, vocab, dtype_bytes, with_grad):
     return [("chunk loop", loop)]
 
 
+def fused_chunk_rows(impl: str, chunk_rows: int | None) -> int | None:
+    """The chunk_size a fused setting runs with: the lean one defaults to ``LEAN_CHUNK_ROWS``."""
+    return LEAN_CHUNK_ROWS if impl == "fused_lean" and chunk_rows is None else chunk_rows
+
+
 def memory_phases(
     impl: str,
     batch: int,
@@ -185,8 +190,7 @@ def memory_phases(
     if impl == "fused":
         return _fused_phases(*shape, chunk_rows, True if dw_fp32 is None else dw_fp32, with_grad)
     if impl == "fused_lean":
-        rows = LEAN_CHUNK_ROWS if chunk_rows is None else chunk_rows
-        return _fused_phases(*shape, rows, False if dw_fp32 is None else dw_fp32, with_grad)
+        return _fused_phases(*shape, fused_chunk_rows(impl, chunk_rows), False if dw_fp32 is None else dw_fp32, with_grad)
     if impl == "baseline":
         return _baseline_phases(*shape, with_grad)
     if impl == "seed_baseline":
@@ -240,8 +244,7 @@ def stage_costs(
     x_bytes = tokens * hidden * dtype_bytes
     w_bytes = vocab * hidden * dtype_bytes
     if impl in ("fused", "fused_lean"):
-        rows = LEAN_CHUNK_ROWS if impl == "fused_lean" and chunk_rows is None else chunk_rows
-        chunk = chunking(batch, seq, rows, vocab, dtype_bytes)
+        chunk = chunking(batch, seq, fused_chunk_rows(impl, chunk_rows), vocab, dtype_bytes)
         w_reads = chunk.count * w_bytes
         stages = [{"stage": "logits GEMM", "flops": gemm_flops, "bytes": x_bytes + w_reads + logits * dtype_bytes}]
         if chunk.passes == 2:
