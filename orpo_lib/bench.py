@@ -264,7 +264,7 @@ def chunk_sweep(w: Workload, device, chunks, *, warmup, reps) -> list:
 
 
 def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
-    """Each stage of one chunk timed alone: the GEMMs, the row kernel, the target-column patch."""
+    """Each stage of one chunk timed alone: the GEMMs and the two row kernels."""
     dtype = DTYPES[w.dtype]
     gen = torch.Generator(device=device).manual_seed(2)
     x = torch.randn(chunk_rows, w.hidden, device=device, dtype=dtype, generator=gen)
@@ -273,26 +273,24 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
     target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
     nll_target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
     token = torch.arange(chunk_rows, device=device)
-    stats = [torch.zeros(chunk_rows, device=device) for _ in range(3)]
+    stats = [torch.zeros(chunk_rows, device=device) for _ in range(4)]
     seq_coef = -torch.rand(chunk_rows, device=device, generator=gen)
     acc = torch.zeros(w.vocab, w.hidden, device=device)
     torch.mm(x, weight.t(), out=logits)
     snapshot = logits.clone()
+    kernels.row_stats(logits, target, nll_target, token, *stats)  # real statistics for the gradient pass
 
-    def row_stats_only():
-        kernels.row_stats(logits, target, nll_target, token, *stats, write_probs=False)
-
-    def row_stats_and_probs():
-        logits.copy_(snapshot)  # every repetition rewrites real logits, not last round's probabilities
-        kernels.row_stats(logits, target, nll_target, token, *stats, write_probs=True)
+    def row_grads():
+        logits.copy_(snapshot)  # every repetition rewrites real logits, not last round's gradient
+        kernels.row_grads(logits, target, nll_target, token, *stats[:2], stats[3], seq_coef, nll_coef=-1.0 / chunk_rows,
+                          seq_len=1)
 
     stages = {
         "logits GEMM": lambda: torch.mm(x, weight.t(), out=logits),
-        "row stats (read)": row_stats_only,
+        "row stats (read)": lambda: kernels.row_stats(logits, target, nll_target, token, *stats),
         "copy (restores the chunk)": lambda: logits.copy_(snapshot),
-        "row stats + probs (read, write) + copy": row_stats_and_probs,
-        "target columns": lambda: kernels.target_grads(logits, target, nll_target, token, stats[0], stats[1],
-                                                       seq_coef, -1.0 / chunk_rows, 1),
+        "row grads (read, write) + copy": row_grads,
+        "dX GEMM": lambda: torch.mm(logits, weight),
         "dX GEMM (fp32 out)": lambda: _mm(logits, weight),
         "dW GEMM (weight dtype out)": lambda: torch.mm(logits.t(), x),
         "dW GEMM (fp32 accumulate)": lambda: _addmm_(acc, logits.t(), x),
@@ -306,29 +304,47 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
     return rows
 
 
+def row_launches(on_gpu: bool) -> list:
+    """Launch configurations to sweep: 4 to 64 vocabulary entries per thread and step."""
+    if not on_gpu:
+        return [kernels.RowLaunch(256, 4), kernels.RowLaunch(1024, 4)]
+    return [kernels.RowLaunch(block, warps) for block in (1024, 2048, 4096, 8192, 16384)
+            for warps in (1, 2, 4, 8, 16, 32) if 4 <= block // (32 * warps) <= 64]
+
+
 def row_kernel_sweep(w: Workload, device, chunk_rows, launches, *, warmup, reps) -> list:
-    """Time of the row kernel (statistics alone, and with probabilities) for each launch configuration."""
+    """Time of each row kernel ("stats": one read; "grads": one read and one write) for each launch
+    configuration, on random logits."""
     dtype = DTYPES[w.dtype]
     gen = torch.Generator(device=device).manual_seed(3)
     logits = torch.randn(chunk_rows, w.vocab, device=device, dtype=dtype, generator=gen) * 3
     snapshot = logits.clone()
     target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
     token = torch.arange(chunk_rows, device=device)
-    stats = [torch.zeros(chunk_rows, device=device) for _ in range(3)]
+    seq_coef = -torch.rand(chunk_rows, device=device, generator=gen)
+    logp, nll_logp, logit_sum, lse = (torch.zeros(chunk_rows, device=device) for _ in range(4))
+    kernels.row_stats(logits, target, target, token, logp, nll_logp, logit_sum, lse)  # real statistics for "grads"
     nbytes = logits.numel() * logits.element_size()
     copy_ms = time_call(lambda: logits.copy_(snapshot), device, warmup, reps)[0]
+    calls = {
+        "stats": lambda launch: kernels.row_stats(logits, target, target, token, logp, nll_logp, logit_sum, lse,
+                                                  launch=launch),
+        "grads": lambda launch: kernels.row_grads(logits, target, target, token, logp, nll_logp, lse, seq_coef,
+                                                  nll_coef=-1.0 / chunk_rows, seq_len=1, launch=launch),
+    }
     rows = []
     for launch in launches:
-        for write in (False, True):
+        for kernel, call in calls.items():
+            writes = kernel == "grads"
+
             def run():
-                if write:
+                if writes:  # every repetition rewrites real logits, not last round's gradient
                     logits.copy_(snapshot)
-                kernels.row_stats(logits, target, target, token, *stats, write_probs=write, launch=launch)
-            median = time_call(run, device, warmup, reps)[0] - (copy_ms if write else 0.0)
-            hbm_bytes = nbytes * (2 if write else 1)  # one read (+ one write); the re-read meant for L2
-            rows.append({"block_v": launch.block_v, "num_warps": launch.num_warps, "write_probs": write,
-                         "median_ms": median,
-                         "gbps": hbm_bytes / (median * 1e-3) / 1e9})
+                call(launch)
+            median = time_call(run, device, warmup, reps)[0] - (copy_ms if writes else 0.0)
+            hbm_bytes = nbytes * (2 if writes else 1)
+            rows.append({"kernel": kernel, "block_v": launch.block_v, "num_warps": launch.num_warps,
+                         "median_ms": median, "gbps": hbm_bytes / (median * 1e-3) / 1e9})
     return rows
 
 
@@ -449,11 +465,8 @@ def main(argv=None):
         if "stages" in sweeps:
             record["sweeps"]["stages"] = stage_times(w, device, chunk_rows, warmup=warmup, reps=reps)
         if "row_kernel" in sweeps:
-            if on_gpu:
-                launches = [kernels.RowLaunch(b, nw) for b in (2048, 4096, 8192, 16384) for nw in (4, 8, 16, 32)]
-            else:
-                launches = [kernels.RowLaunch(256, 4), kernels.RowLaunch(1024, 4)]
-            record["sweeps"]["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, launches, warmup=warmup, reps=reps)
+            record["sweeps"]["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, row_launches(on_gpu),
+                                                              warmup=warmup, reps=reps)
         if "profile" in sweeps and on_gpu:
             record["sweeps"]["profile"] = profile_fused(w, device)
         if "accuracy" in sweeps:

@@ -3,30 +3,30 @@
 How one chunk of C token rows is processed (G is dL/dlogits, P the softmax, X the chunk's hidden rows):
 
 1. ``logits = X @ W.T (+ bias)`` into a C×V buffer (cuBLAS).
-2. ``row_stats_kernel``: log-sum-exp, target log-probs and logit sums per row, and the buffer
-   rewritten in place into P. None of this depends on the other sequence of the pair.
-3. Pair coefficients, once every row of the chunk's pairs has its log-prob: for token i,
-   ``a_i = dL/dlogp_i`` of the odds-ratio target, ``b_i`` that of the NLL target, so that
-   ``G_i = a_i·onehot(y_i) + b_i·onehot(y'_i) - s_i·P_i`` with ``s_i = a_i + b_i``.
-4. Writing ``G = -s ⊙ Q`` with ``Q = P - (a/s)·onehot(y) - (b/s)·onehot(y')``, only the (at most two)
-   target columns of each row change: ``target_grads_kernel`` sets them from the float32
-   log-probs (precise even when p ≈ 1). The per-row scale -s goes onto the small operands:
-   ``dX = -s ⊙ (Q @ W)`` and ``dW += Q.T @ (-s ⊙ X)``.
+2. ``row_stats_kernel`` reads it once: log-sum-exp, target log-probs and logit sums per row. None of
+   this depends on the other sequence of the pair.
+3. ``pair_terms_kernel``, once every row of the chunk's pairs has its log-prob: each sequence's mean
+   log-prob, the odds ratio, and per token ``a = dL/dlogp`` of the odds-ratio target and ``b`` of the
+   NLL target, so that ``G = a·onehot(y) + b·onehot(y') - (a + b)·P``.
+4. ``row_grads_kernel`` rewrites the buffer in place into G (one read, one write), its two target
+   columns from the float32 log-probs so that nothing cancels when p ≈ 1.
+5. ``dX = G @ W`` and ``dW += G.T @ X``: the GEMMs see the gradient exactly as the materialising
+   baseline would, rounded once to the input dtype.
 
-So the buffer is read once and written once between the GEMMs: three GEMMs and one pass over the
-logits. Chunks hold whole (chosen, rejected) pairs; a pair longer than the chunk is processed in
-two passes (statistics, then recomputed logits and gradients). Tokens no target needs are dropped
-before any GEMM. The gradients are formed during forward; the last chunk's dX and dW GEMMs wait for
-backward so that the upstream gradient folds into them.
+So the buffer is read twice and written once between the GEMMs. Chunks hold whole (chosen,
+rejected) pairs, because a token's gradient depends on its pair; a pair longer than the chunk is
+processed in two passes (statistics of every block, then each block's logits computed again and
+turned into G from the saved log-sum-exp). Tokens no target needs are dropped before any GEMM. The
+gradients are formed during forward, except the last chunk's, which waits for backward so that the
+upstream gradient folds into it.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from . import kernels
+from . import kernels, sequence_kernels
 from .output import ORPOOutput, orpo_output
-from .pairs import odds_ratio_terms
 from .validation import TokenCounts, check_arguments, count_tokens
 
 # Rows per chunk by default: large enough that every GEMM runs at full rate, small enough that
@@ -97,7 +97,6 @@ class _Block:
     logits: torch.Tensor  # (C, V) view of the chunk buffer
     target: torch.Tensor  # (C,) int32, -1 where ignored
     nll_target: torch.Tensor  # (C,) int32, -1 where ignored
-    row_scale: torch.Tensor = None  # (C,) fp32: -s, so that G = row_scale ⊙ Q
 
 
 class ChunkedORPO:
@@ -119,6 +118,7 @@ class ChunkedORPO:
         self.nll_target = counts.nll_ids.view(-1)
         self.tokens_per_seq = counts.tokens_per_seq
         self.nll_tokens = counts.nll_tokens
+        self.nll_coef = -1.0 / counts.nll_tokens if compute_nll_loss else 0.0  # dL/dlogp of each NLL token
 
         # Rows in pair order (chosen i, then rejected i), without the tokens no target needs.
         pair_order = torch.arange(tokens, device=device).view(2, self.pairs, seq).transpose(0, 1).reshape(-1)
@@ -144,7 +144,12 @@ class ChunkedORPO:
         self.logp = torch.zeros(tokens, device=device, dtype=torch.float32)
         self.nll_logp = torch.zeros_like(self.logp)
         self.logit_sum = torch.zeros_like(self.logp)
-        self.seq_coef = torch.zeros(batch, device=device, dtype=torch.float32)  # dL/dlogp per token
+        self.lse = torch.empty_like(self.logp)
+        # Per sequence and per pair, from pair_terms_kernel.
+        self.seq_logp = torch.empty(batch, device=device, dtype=torch.float32)
+        self.seq_coef = torch.empty(batch, device=device, dtype=torch.float32)  # dL/dlogp of each of its tokens
+        self.log_odds = torch.empty(self.pairs, device=device, dtype=torch.float64)
+        self.pair_loss = torch.empty(self.pairs, device=device, dtype=torch.float64)
 
         n_blocks = sum(len(g.blocks) for g in self.groups)
         self.single_block = n_blocks == 1
@@ -161,23 +166,18 @@ class ChunkedORPO:
 
     def forward(self):
         for group in self.groups:
-            two_pass = len(group.blocks) > 1
-            if two_pass:
-                for block in group.blocks:
-                    kernels.row_stats(**self._stats_args(self._logits(block)), write_probs=False)
-            else:
-                block = self._logits(group.blocks[0])
-                kernels.row_stats(**self._stats_args(block), write_probs=self.needs_grad)
+            for span in group.blocks:
+                block = self._logits(span)
+                kernels.row_stats(**self._stats_args(block))
             if not self.needs_grad:
                 continue
-            self._pair_coefficients(group)
+            self._pair_terms(group.first_pair, group.end_pair)
+            two_pass = len(group.blocks) > 1
             for i, span in enumerate(group.blocks):
-                if two_pass:
+                if two_pass:  # the buffer holds the last block's logits: compute each block's again
                     block = self._logits(span)
-                    kernels.row_stats(**self._stats_args(block), write_probs=True)
-                self._write_target_columns(block)
                 if group is self.groups[-1] and i == len(group.blocks) - 1:
-                    self.pending = block  # its dX/dW GEMMs run in backward, with the upstream scale
+                    self.pending = block  # finished in backward, where the upstream gradient is known
                 else:
                     self._block_grads(block)
         if not self.needs_grad:
@@ -197,53 +197,41 @@ class ChunkedORPO:
 
     def _stats_args(self, block: _Block) -> dict:
         return dict(logits=block.logits, target=block.target, nll_target=block.nll_target, token=block.rows,
-                    logp=self.logp, nll_logp=self.nll_logp, logit_sum=self.logit_sum)
+                    logp=self.logp, nll_logp=self.nll_logp, logit_sum=self.logit_sum, lse=self.lse)
 
-    def _sequence_logps(self, pairs: slice):
-        per_token = self.logp.view(self.batch, self.seq)
-        chosen = slice(pairs.start, pairs.stop)
-        rejected = slice(pairs.start + self.pairs, pairs.stop + self.pairs)
-        c = per_token[chosen].sum(1) / self.tokens_per_seq[chosen]
-        r = per_token[rejected].sum(1) / self.tokens_per_seq[rejected]
-        return c, r, chosen, rejected
+    def _pair_terms(self, first_pair: int, end_pair: int) -> None:
+        sequence_kernels.pair_terms(self.logp, self.tokens_per_seq, self.seq_logp, self.seq_coef, self.log_odds,
+                                    self.pair_loss, first_pair=first_pair, end_pair=end_pair, seq_len=self.seq,
+                                    beta=self.beta)
 
-    def _pair_coefficients(self, group: ChunkGroup) -> None:
-        c, r, chosen, rejected = self._sequence_logps(slice(group.first_pair, group.end_pair))
-        _, _, d_chosen, d_rejected = odds_ratio_terms(c, r, self.beta)
-        # The loss is the mean over all pairs of the batch, and c, r are means over their tokens.
-        self.seq_coef[chosen] = (d_chosen / self.pairs).float() / self.tokens_per_seq[chosen]
-        self.seq_coef[rejected] = (d_rejected / self.pairs).float() / self.tokens_per_seq[rejected]
-
-    def _write_target_columns(self, block: _Block) -> None:
-        nll_coef = -1.0 / self.nll_tokens if self.compute_nll_loss else 0.0
-        block.row_scale = kernels.target_grads(block.logits, block.target, block.nll_target, block.rows, self.logp,
-                                               self.nll_logp, self.seq_coef, nll_coef, self.seq)
-
-    def _block_grads(self, block: _Block, upstream=None) -> None:
-        """dX rows, dW and dbias contributions of one chunk; ``upstream`` folds in the loss gradient."""
-        q = block.logits
-        scale = block.row_scale if upstream is None else block.row_scale * upstream
+    def _block_grads(self, block: _Block, grad_scale=None, upstream=None) -> None:
+        """Turn the block's logits into G = dL/dlogits (times ``grad_scale``) and add its dX rows, dW and
+        dbias; ``upstream`` scales the dX rows alone (dW and dbias take it in backward())."""
+        kernels.row_grads(block.logits, block.target, block.nll_target, block.rows, self.logp, self.nll_logp,
+                          self.lse, self.seq_coef, nll_coef=self.nll_coef, seq_len=self.seq, grad_scale=grad_scale)
+        grad = block.logits
         if self.grad_hidden:
-            dx_rows = torch.mul(_mm(q, self.weight), scale[:, None], out=torch.empty_like(block.x))
+            if upstream is None:
+                dx_rows = torch.mm(grad, self.weight)
+            else:
+                dx_rows = torch.mul(_mm(grad, self.weight), upstream, out=torch.empty_like(block.x))
             self.dx.index_copy_(0, block.rows, dx_rows)
         if self.grad_weight:
-            # One chunk: the whole dW in one GEMM, in the weight's dtype, upstream included. Several:
-            # accumulated unscaled, and backward() folds the upstream into the final conversion.
-            x_scale = scale if self.single_block else block.row_scale
-            scaled_x = torch.mul(block.x, x_scale[:, None], out=torch.empty_like(block.x))
-            if self.single_block:
-                self.dw = torch.mm(q.t(), scaled_x)
+            if self.single_block:  # the whole dW in one GEMM, in the weight's dtype
+                self.dw = torch.mm(grad.t(), block.x)
             elif self.dw is None:
-                self.dw = _mm(q.t(), scaled_x, self.dw_dtype)
+                self.dw = _mm(grad.t(), block.x, self.dw_dtype)
             else:
-                _addmm_(self.dw, q.t(), scaled_x)
+                _addmm_(self.dw, grad.t(), block.x)
         if self.grad_bias:
-            self.db += _mm(q.t(), block.row_scale[:, None].to(q.dtype)).view(-1)
+            self.db += grad.sum(0, dtype=torch.float32)
 
     def _metrics(self):
-        c, r, _, _ = self._sequence_logps(slice(0, self.pairs))
-        pair_loss, log_odds, _, _ = odds_ratio_terms(c, r, self.beta)
-        or_loss = pair_loss.mean().float()
+        if not self.needs_grad:  # with gradients, the chunk groups computed them pair by pair
+            self._pair_terms(0, self.pairs)
+        c, r = self.seq_logp[:self.pairs], self.seq_logp[self.pairs:]
+        log_odds = self.log_odds
+        or_loss = self.pair_loss.mean().float()
         if self.compute_nll_loss:
             nll_loss = -self.nll_logp.sum() / self.nll_tokens
         else:
@@ -268,9 +256,13 @@ class ChunkedORPO:
     # ---- backward ----------------------------------------------------------------------------
 
     def backward(self, grad_loss):
-        if self.dx is not None and not self.single_block:
-            self.dx.mul_(grad_loss)
-        self._block_grads(self.pending, upstream=grad_loss)
+        grad_loss = grad_loss.float()
+        if self.single_block:  # the upstream gradient goes into G itself: every gradient comes out scaled
+            self._block_grads(self.pending, grad_scale=grad_loss)
+        else:  # earlier blocks are done unscaled: scale their dX rows and, below, the dW and dbias sums
+            if self.dx is not None:
+                self.dx.mul_(grad_loss)
+            self._block_grads(self.pending, upstream=grad_loss)
         self.pending = self.buffer = None
         dw = self.dw
         if dw is not None and not self.single_block:
@@ -278,8 +270,10 @@ class ChunkedORPO:
                 dw.mul_(grad_loss)
             else:  # fold the upstream gradient into the float32 → weight dtype conversion
                 dw = torch.mul(self.dw, grad_loss, out=torch.empty_like(self.weight))
-            self.dw = None
-        db = None if self.db is None else (self.db * grad_loss).to(self.bias.dtype)
+        self.dw = None
+        db = None
+        if self.db is not None:
+            db = (self.db if self.single_block else self.db * grad_loss).to(self.bias.dtype)
         dx = None if self.dx is None else self.dx.view(self.hidden.shape)
         return dx, dw, db
 

@@ -2,15 +2,12 @@
 
 A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. Two kernels touch it:
 
-* ``row_stats_kernel`` — one program per row: an online log-sum-exp over the vocabulary, the
-  log-probs of the two targets and the row sum of logits; with ``WRITE_PROBS`` it then rewrites
-  the row in place into softmax probabilities.
-* ``target_grads_kernel`` — once the pair coefficients are known, computes each row's gradient
-  scale and overwrites its (at most two) target columns with their entries, from the precise
-  float32 log-probs.
-
-The probabilities do not depend on the pair, so a row is finished in one visit; the pair enters
-only through per-row scalars that the GEMMs apply to their small operands (see ``fused.py``).
+* ``row_stats_kernel`` — one program per row, one read: an online log-sum-exp over the
+  vocabulary, the log-probs of the two targets and the row sum of logits.
+* ``row_grads_kernel`` — once the pair coefficients are known, one program per row rewrites it in
+  place into dL/dlogits (one read, one write), the target columns set from the precise float32
+  log-probs. The same kernel serves logits recomputed in a second pass: it needs only the saved
+  log-sum-exp.
 """
 
 from dataclasses import dataclass
@@ -31,7 +28,7 @@ def _log1p(x):
 
 @triton.jit
 def row_stats_kernel(
-    logits_ptr,  # (C, V) chunk of logits; rewritten into probabilities when WRITE_PROBS
+    logits_ptr,  # (C, V) chunk of logits, only read
     stride_row,
     target_ptr,  # (C,) int32 odds-ratio target id, -1 where the token does not count
     nll_target_ptr,  # (C,) int32 NLL target id, -1 where the token does not count
@@ -39,9 +36,9 @@ def row_stats_kernel(
     logp_ptr,  # (B*T,) fp32 out: log p(target), 0 where ignored
     nll_logp_ptr,  # (B*T,) fp32 out: log p(nll target), 0 where ignored
     logit_sum_ptr,  # (B*T,) fp32 out: sum of the row's logits (for the logits-mean metric)
-    V,
+    lse_ptr,  # (B*T,) fp32 out: log-sum-exp of the row, for row_grads_kernel
+    V,  # at least BLOCK_V
     BLOCK_V: tl.constexpr,
-    WRITE_PROBS: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
@@ -55,22 +52,30 @@ def row_stats_kernel(
 
     # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
     # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
-    # Sums stay per lane (one cross-warp reduction per step, for the max), and the next block is
-    # loaded before the current one is reduced, so a load is always in flight.
+    # The partial block at the end of the row goes first, with masks; the whole blocks then need
+    # none, and only the one holding the target compares columns. Sums stay per lane (one
+    # cross-warp reduction per step, for the max), and the next block is loaded before the current
+    # one is reduced, so a load is always in flight.
     offs = tl.arange(0, BLOCK_V)
-    row_max = float("-inf")
-    other_sums = tl.zeros([BLOCK_V], dtype=tl.float32)
-    logit_sums = tl.zeros([BLOCK_V], dtype=tl.float32)
-    next_x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"), eviction_policy="evict_last")
-    for start in range(0, V, BLOCK_V):
-        cols = start + offs
+    tail = V // BLOCK_V * BLOCK_V
+    cols = tail + offs
+    in_row = cols < V
+    x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+    row_max = tl.max(x, axis=0)  # -inf when V is a multiple of BLOCK_V; the where()s below keep that finite
+    other_sums = tl.where(in_row & (cols != target), tl.exp(x - row_max), 0.0)
+    logit_sums = tl.where(in_row, x, 0.0)
+    last_start = tail - BLOCK_V
+    next_x = tl.load(row_ptr + offs)
+    for start in range(0, tail, BLOCK_V):
         x = next_x.to(tl.float32)
-        next_cols = cols + BLOCK_V
-        next_x = tl.load(row_ptr + next_cols, mask=next_cols < V, other=float("-inf"), eviction_policy="evict_last")
+        # the last step reloads its own block rather than reading past the whole blocks
+        next_x = tl.load(row_ptr + tl.minimum(start + BLOCK_V, last_start) + offs)
         new_max = tl.maximum(row_max, tl.max(x, axis=0))
-        terms = tl.where(cols != target, tl.exp(x - new_max), 0.0)
+        terms = tl.exp(x - new_max)
+        if (target >= start) & (target < start + BLOCK_V):
+            terms = tl.where(start + offs != target, terms, 0.0)
         other_sums = other_sums * tl.exp(row_max - new_max) + terms
-        logit_sums += tl.where(cols < V, x, 0.0)
+        logit_sums += x
         row_max = new_max
     other_sum = tl.sum(other_sums, axis=0)
     logit_sum = tl.sum(logit_sums, axis=0)
@@ -83,14 +88,7 @@ def row_stats_kernel(
     tl.store(logp_ptr + token, tl.where(has_target, logp, 0.0))
     tl.store(nll_logp_ptr + token, tl.where(has_nll, nll_logp, 0.0))
     tl.store(logit_sum_ptr + token, logit_sum)
-
-    if WRITE_PROBS:
-        for start in range(0, V, BLOCK_V):
-            cols = start + offs
-            in_row = cols < V
-            x = tl.load(row_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_first")
-            probs = tl.exp(x.to(tl.float32) - lse)
-            tl.store(row_ptr + cols, probs.to(logits_ptr.dtype.element_ty), mask=in_row)
+    tl.store(lse_ptr + token, lse)
 
 
 @triton.jit
@@ -102,82 +100,105 @@ def _expm1(x):
 
 
 @triton.jit
-def target_grads_kernel(
-    logits_ptr,  # (C, V) chunk holding probabilities
+def row_grads_kernel(
+    logits_ptr,  # (C, V) chunk of logits, rewritten in place into dL/dlogits
     stride_row,
     target_ptr,  # (C,) int32 odds-ratio target id, -1 where ignored
     nll_target_ptr,  # (C,) int32 NLL target id, -1 where ignored
     token_ptr,  # (C,) int64 index of each row in the flattened (B*T) per-token arrays
-    logp_ptr,  # (B*T,) fp32 log p(target) from row_stats_kernel
+    logp_ptr,  # (B*T,) fp32 log p(target), from row_stats_kernel
     nll_logp_ptr,  # (B*T,) fp32 log p(nll target)
+    lse_ptr,  # (B*T,) fp32 log-sum-exp of each row
     seq_coef_ptr,  # (B,) fp32 dL/dlogp of each odds-ratio token of the sequence
-    row_scale_ptr,  # (C,) fp32 out: -s, the factor that turns Q into dL/dlogits
+    grad_scale_ptr,  # fp32 scalar multiplying the whole gradient (the upstream gradient), if HAS_GRAD_SCALE
     nll_coef,  # dL/dlogp of each NLL token: -1 / (NLL tokens), 0 without the NLL term
     seq_len,
-    C,
-    BLOCK: tl.constexpr,
+    V,  # at least BLOCK_V
+    HAS_GRAD_SCALE: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_chunk = rows < C
-    target = tl.load(target_ptr + rows, mask=in_chunk, other=-1)
-    nll_target = tl.load(nll_target_ptr + rows, mask=in_chunk, other=-1)
-    token = tl.load(token_ptr + rows, mask=in_chunk, other=0)
-    a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len, mask=in_chunk, other=0.0), 0.0)
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    target = tl.load(target_ptr + row)
+    nll_target = tl.load(nll_target_ptr + row)
+    token = tl.load(token_ptr + row)
+    # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b.
+    a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len), 0.0)
     b = tl.where(nll_target >= 0, nll_coef, 0.0)
-    s = a + b  # a and b never have opposite signs, so s = 0 only where the row has no gradient
-    inv_s = 1.0 / tl.where(s == 0.0, 1.0, s)
-    ratio_a = a * inv_s  # the two ratios sum to 1 wherever s != 0
-    ratio_b = b * inv_s
-    # Q[y] = p_y - a/s (- b/s when both targets share the column), written as the other ratio plus
-    # expm1(log p) = p - 1, so that nothing cancels when p ≈ 1 and the ratios ≈ 0 or 1.
-    logp = tl.load(logp_ptr + token, mask=in_chunk, other=0.0)
-    nll_logp = tl.load(nll_logp_ptr + token, mask=in_chunk, other=0.0)
-    target_value = tl.where(nll_target == target, 0.0, ratio_b) + _expm1(logp)
-    nll_value = ratio_a + _expm1(nll_logp)
-    tl.store(row_scale_ptr + rows, -s, mask=in_chunk)
-    row_ptr = logits_ptr + rows.to(tl.int64) * stride_row
-    elem = logits_ptr.dtype.element_ty
-    tl.store(row_ptr + target, target_value.to(elem), mask=in_chunk & (target >= 0))
-    tl.store(row_ptr + nll_target, nll_value.to(elem), mask=in_chunk & (nll_target >= 0) & (nll_target != target))
+    if HAS_GRAD_SCALE:
+        grad_scale = tl.load(grad_scale_ptr)
+        a *= grad_scale
+        b *= grad_scale
+    s = a + b
+    # The target columns from expm1(log p) = p - 1, so that nothing cancels when p ≈ 1:
+    # G[y] = a - s·p_y = -(s·expm1(log p_y) + b), or -s·expm1(log p_y) when y' = y (then a + b = s);
+    # G[y'] = -(s·expm1(log p_y') + a).
+    target_grad = -(s * _expm1(tl.load(logp_ptr + token)) + tl.where(nll_target == target, 0.0, b))
+    nll_grad = -(s * _expm1(tl.load(nll_logp_ptr + token)) + a)
+    lse = tl.load(lse_ptr + token)
+    neg_s = -s
+    out_dtype = logits_ptr.dtype.element_ty
+
+    # Whole blocks without masks (only a block holding a target compares columns), then the tail.
+    offs = tl.arange(0, BLOCK_V)
+    tail = V // BLOCK_V * BLOCK_V
+    for start in range(0, tail, BLOCK_V):
+        x = tl.load(row_ptr + start + offs)
+        grad = neg_s * tl.exp(x.to(tl.float32) - lse)
+        if ((target >= start) & (target < start + BLOCK_V)) | ((nll_target >= start) & (nll_target < start + BLOCK_V)):
+            grad = tl.where(start + offs == nll_target, nll_grad, grad)
+            grad = tl.where(start + offs == target, target_grad, grad)  # last: it holds the y' = y case
+        tl.store(row_ptr + start + offs, grad.to(out_dtype))
+    cols = tail + offs
+    in_row = cols < V
+    x = tl.load(row_ptr + cols, mask=in_row, other=0.0)
+    grad = neg_s * tl.exp(x.to(tl.float32) - lse)
+    grad = tl.where(cols == nll_target, nll_grad, grad)
+    grad = tl.where(cols == target, target_grad, grad)
+    tl.store(row_ptr + cols, grad.to(out_dtype), mask=in_row)
 
 
 @dataclass(frozen=True)
 class RowLaunch:
-    """Launch configuration of ``row_stats_kernel`` (one program per row)."""
+    """Launch configuration of a row kernel (one program per row)."""
 
     block_v: int  # vocabulary entries per loop step
     num_warps: int
 
 
-# Chosen from the H200 sweeps in figures/data (notebooks/03-kernel-tuning.ipynb): statistics alone
-# stream best with many small programs; with the probabilities, 32-warp programs that step 16K
-# columns at a time measured best (likely because fewer rows are open at once, so more second
-# reads hit L2; not measured directly).
+# Chosen from the H200 sweeps in figures/data (notebooks/03-kernel-tuning.ipynb).
 STATS_LAUNCH = RowLaunch(block_v=2048, num_warps=4)
-PROBS_LAUNCH = RowLaunch(block_v=16384, num_warps=32)
+GRADS_LAUNCH = RowLaunch(block_v=4096, num_warps=16)
 
 
-def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, *, write_probs: bool,
-              launch: RowLaunch = None) -> None:
-    """Launch ``row_stats_kernel`` over every row of ``logits`` (a (C, V) chunk, unit column stride)."""
-    rows, vocab = logits.shape
+def _block_v(vocab: int, launch: RowLaunch) -> int:
+    # a power of two no larger than the row, so that every row has at least one whole block
+    return min(launch.block_v, 1 << (vocab.bit_length() - 1))
+
+
+def _rows_of(logits):
     if logits.stride(1) != 1:
         raise ValueError("logits chunk must have unit stride along the vocabulary")
-    launch = launch or (PROBS_LAUNCH if write_probs else STATS_LAUNCH)
+    return logits.shape
+
+
+def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, lse, *,
+              launch: RowLaunch = STATS_LAUNCH) -> None:
+    """Launch ``row_stats_kernel`` over every row of ``logits`` (a (C, V) chunk, unit column stride)."""
+    rows, vocab = _rows_of(logits)
     row_stats_kernel[(rows,)](
-        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, logit_sum, vocab,
-        BLOCK_V=min(triton.next_power_of_2(vocab), launch.block_v), WRITE_PROBS=write_probs,
-        num_warps=launch.num_warps,
+        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, logit_sum, lse, vocab,
+        BLOCK_V=_block_v(vocab, launch), num_warps=launch.num_warps,
     )
 
 
-def target_grads(logits, target, nll_target, token, logp, nll_logp, seq_coef, nll_coef: float, seq_len: int):
-    """Launch ``target_grads_kernel``: each row's target columns of Q, and its scale -s (returned)."""
-    rows = logits.shape[0]
-    row_scale = torch.empty(rows, device=logits.device, dtype=torch.float32)
-    block = 256
-    target_grads_kernel[(triton.cdiv(rows, block),)](
-        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, seq_coef, row_scale, nll_coef,
-        seq_len, rows, BLOCK=block, num_warps=4,
+def row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef, *, nll_coef: float, seq_len: int,
+              grad_scale=None, launch: RowLaunch = GRADS_LAUNCH) -> None:
+    """Launch ``row_grads_kernel``: every row of ``logits`` rewritten into dL/dlogits (times ``grad_scale``,
+    a 0-d float32 tensor, when given)."""
+    rows, vocab = _rows_of(logits)
+    row_grads_kernel[(rows,)](
+        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, lse, seq_coef,
+        seq_coef if grad_scale is None else grad_scale, nll_coef, seq_len, vocab,
+        HAS_GRAD_SCALE=grad_scale is not None, BLOCK_V=_block_v(vocab, launch), num_warps=launch.num_warps,
     )
-    return row_scale

@@ -232,12 +232,13 @@ def stage_breakdown(predicted: list[dict], record: BenchRecord | None = None) ->
 
 
 def row_kernel_heatmap(record: BenchRecord) -> Figure:
-    """Achieved bandwidth of the row kernel for each (BLOCK_V, num_warps): statistics alone, and with probabilities."""
-    variants = [(False, "statistics (one read)"), (True, "statistics + in-place probabilities")]
-    variants = [(w, t) for w, t in variants if any(p.get("write_probs", True) == w for p in record.sweeps["row_kernel"])]
+    """Achieved bandwidth of each row kernel for each (BLOCK_V, num_warps)."""
+    titles = {"stats": "statistics (one read)", "grads": "gradient in place (one read, one write)"}
+    sweep = record.sweeps["row_kernel"]
+    variants = [(k, t) for k, t in titles.items() if any(p["kernel"] == k for p in sweep)]
     fig, axes = plt.subplots(1, len(variants), figsize=(4.6 * len(variants), 3.6), squeeze=False)
-    for ax, (write_probs, title) in zip(axes[0], variants):
-        points = [p for p in record.sweeps["row_kernel"] if p.get("write_probs", True) == write_probs]
+    for ax, (kernel, title) in zip(axes[0], variants):
+        points = [p for p in sweep if p["kernel"] == kernel]
         blocks = sorted({p["block_v"] for p in points})
         warps = sorted({p["num_warps"] for p in points})
         grid = [[float("nan")] * len(blocks) for _ in warps]

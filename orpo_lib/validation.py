@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from ._triton_mode import INTERPRET
+from .sequence_kernels import label_stats
 
 
 def check_arguments(hidden, weight, target, bias, nll_target, *, beta, chunk_size=None) -> None:
@@ -69,7 +70,6 @@ class TokenCounts:
     target_ids: torch.Tensor  # (B, T) int32 odds-ratio target, -1 where the token does not count
     nll_ids: torch.Tensor  # (B, T) int32 NLL target, -1 where it does not count (and in the rejected half)
     tokens_per_seq: torch.Tensor  # (B,) float32 on the device: odds-ratio tokens of each sequence
-    target_per_seq: list  # the same counts on the host
     kept_per_seq: list  # tokens that any target needs (the others cost no GEMM work)
     nll_tokens: int  # NLL tokens in the chosen half
 
@@ -83,31 +83,12 @@ class TokenCounts:
 
 
 def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool) -> TokenCounts:
-    """Check the label values and count the tokens that take part; one device-to-host transfer."""
+    """Check the label values and count the tokens that take part: one kernel, one device-to-host transfer."""
     if target.device.type == "cpu" and not INTERPRET:
         raise ValueError("the tensors are on the CPU, but the Triton kernels were compiled for the GPU: move them "
                          "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
-    batch = target.shape[0]
-    target_valid = target != ignore_index
-    nll_labels = target if nll_target is None else nll_target
-    nll_valid = nll_labels != ignore_index
-    nll_valid[batch // 2 :] = False
-    if not compute_nll_loss:
-        nll_valid.zero_()
-
-    def out_of_range(labels, valid):
-        return ((labels < 0) | (labels >= vocab)) & valid
-
-    stats = torch.stack(
-        [
-            target_valid.sum(1),
-            (target_valid | nll_valid).sum(1),
-            nll_valid.sum(1),
-            out_of_range(target, target_valid).sum(1),
-            out_of_range(nll_labels, nll_valid).sum(1),
-        ]
-    )
-    per_seq, kept, nll_per_seq, bad_target, bad_nll = stats.tolist()
+    target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore_index, compute_nll_loss)
+    per_seq, kept, nll_per_seq, bad_target, bad_nll = stats.t().tolist()
     if sum(bad_target):
         raise ValueError(
             f"target holds {sum(bad_target)} token id(s) outside [0, {vocab}) that are not ignore_index={ignore_index}"
@@ -128,6 +109,4 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
             f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
             " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
         )
-    target_ids = torch.where(target_valid, target, -1).to(torch.int32)
-    nll_ids = torch.where(nll_valid, nll_labels, -1).to(torch.int32)
-    return TokenCounts(target_ids, nll_ids, stats[0].float(), per_seq, kept, sum(nll_per_seq))
+    return TokenCounts(target_ids, nll_ids, stats[:, 0].float(), kept, sum(nll_per_seq))

@@ -28,8 +28,8 @@ def synthetic_record(tmp_path):
         "chunk": [{"chunk_size": c, "fp32_weight_grad": f, "median_ms": 150.0, "peak_over_inputs_gib": 1.0 + c / 4096, "status": "ok"}
                   for c in (1024, 4096) for f in (True, False)],
         "stages": [{"stage": "logits GEMM", "median_ms": 25.0, "min_ms": 24.0, "max_ms": 26.0, "chunk_rows": 4096}],
-        "row_kernel": [{"block_v": b, "num_warps": w, "write_probs": True, "median_ms": 1.0, "gbps": 3000.0 + b / 10}
-                       for b in (2048, 4096) for w in (4, 8)],
+        "row_kernel": [{"kernel": k, "block_v": b, "num_warps": w, "median_ms": 1.0, "gbps": 3000.0 + b / 10}
+                       for k in ("stats", "grads") for b in (2048, 4096) for w in (4, 8)],
     }
     data = tmp_path / "data"
     data.mkdir()

@@ -1,0 +1,104 @@
+"""The per-sequence kernels against the torch formulas they replace (CPU: Triton interpreter)."""
+
+import math
+
+import pytest
+import torch
+
+from orpo_lib import kernels
+from orpo_lib.pairs import odds_ratio_terms
+from orpo_lib.sequence_kernels import LABEL_STATS, label_stats, pair_terms
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.25, 3.0])
+def test_pair_terms_match_odds_ratio_terms(beta):
+    """Sequence means, log-odds, loss and per-token coefficients, from far-off to certain sequences."""
+    pairs, seq = 6, 37
+    gen = torch.Generator().manual_seed(4)
+    counted = torch.rand(2 * pairs, seq, generator=gen) < 0.7
+    counted[:, 0] = True
+    logp = -torch.rand(2 * pairs, seq, generator=gen, dtype=torch.float64) * 6
+    logp[0] = -1e-12  # near-certain chosen sequence
+    logp[pairs + 1] = 0.0  # a certain rejected one (capped)
+    logp[2] = -0.7  # both sides of -ln 2
+    logp[pairs + 2] = -0.69
+    logp = torch.where(counted, logp, 0.0).float()
+    tokens = counted.sum(1).float()
+
+    seq_logp = torch.full((2 * pairs,), math.nan)
+    seq_coef = torch.full((2 * pairs,), math.nan)
+    log_odds = torch.full((pairs,), math.nan, dtype=torch.float64)
+    pair_loss = torch.full((pairs,), math.nan, dtype=torch.float64)
+    for first, end in ((0, 2), (2, pairs)):  # two groups of pairs, as two chunks would launch them
+        pair_terms(logp.view(-1), tokens, seq_logp, seq_coef, log_odds, pair_loss, first_pair=first, end_pair=end,
+                   seq_len=seq, beta=beta)
+
+    torch.testing.assert_close(seq_logp, logp.double().sum(1).div(tokens).float(), rtol=1e-6, atol=0)
+    # The float64 pair math from the kernel's own means (float32 sums in another order would move
+    # a log-odds near 0 by more than the formulas' rounding).
+    want_loss, want_log_odds, d_chosen, d_rejected = odds_ratio_terms(seq_logp[:pairs], seq_logp[pairs:], beta)
+    torch.testing.assert_close(log_odds, want_log_odds, rtol=1e-12, atol=0)
+    torch.testing.assert_close(pair_loss, want_loss, rtol=1e-12, atol=0)
+    want_coef = torch.cat([(d_chosen / pairs).float() / tokens[:pairs], (d_rejected / pairs).float() / tokens[pairs:]])
+    torch.testing.assert_close(seq_coef, want_coef, rtol=1e-6, atol=0)
+    assert torch.isfinite(seq_coef).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+@pytest.mark.parametrize("compute_nll", [True, False])
+def test_label_stats_match_torch_counts(dtype, compute_nll):
+    batch, seq, vocab, ignore = 6, 45, 200, -100 if dtype != torch.uint8 else 7
+    gen = torch.Generator().manual_seed(5)
+    wide = torch.randint(-3, vocab + 3, (batch, 2 * seq), generator=gen)
+    wide[torch.rand(batch, 2 * seq, generator=gen) < 0.3] = ignore
+    if dtype == torch.uint8:
+        wide = wide.clamp(0, 255)
+    target = wide.to(dtype)[:, ::2]  # a strided view: the kernel reads through the strides
+    nll_target = torch.roll(target, 1, dims=1)
+
+    target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore, compute_nll)
+
+    target_valid = target.long() != ignore
+    nll_valid = (nll_target.long() != ignore) & compute_nll
+    nll_valid[batch // 2:] = False
+    torch.testing.assert_close(target_ids, torch.where(target_valid, target.long(), -1).int())
+    torch.testing.assert_close(nll_ids, torch.where(nll_valid, nll_target.long(), -1).int())
+
+    def bad(labels, valid):
+        return (((labels.long() < 0) | (labels.long() >= vocab)) & valid).sum(1)
+    want = {"target_tokens": target_valid.sum(1), "kept_tokens": (target_valid | nll_valid).sum(1),
+            "nll_tokens": nll_valid.sum(1), "bad_target_ids": bad(target, target_valid),
+            "bad_nll_ids": bad(nll_target, nll_valid)}
+    for column, name in enumerate(LABEL_STATS):
+        assert stats[:, column].tolist() == want[name].tolist(), name
+
+
+@pytest.mark.parametrize("grad_scale", [None, 0.37])
+def test_row_kernels_give_the_gradient_of_the_logits(grad_scale):
+    """row_stats then row_grads turn a chunk into a·onehot(y) + b·onehot(y') - (a + b)·softmax."""
+    rows, vocab, seq_len = 6, 1000, 3  # a vocabulary that is no multiple of any block; two sequences
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 4
+    logits[1, 7] = 60.0  # a near-certain target
+    target = torch.tensor([3, 7, -1, 999, 0, 512], dtype=torch.int32)
+    nll_target = torch.tensor([3, 7, 5, -1, 998, -1], dtype=torch.int32)  # shared, own, absent columns
+    token = torch.tensor([0, 1, 2, 3, 4, 5])
+    seq_coef = torch.tensor([-0.3, 0.2])
+    nll_coef = -0.25
+    logp, nll_logp, logit_sum, lse = (torch.zeros(rows) for _ in range(4))
+    chunk = logits.float()
+    kernels.row_stats(chunk, target, nll_target, token, logp, nll_logp, logit_sum, lse)
+    scale = None if grad_scale is None else torch.tensor(grad_scale)
+    kernels.row_grads(chunk, target, nll_target, token, logp, nll_logp, lse, seq_coef, nll_coef=nll_coef,
+                      seq_len=seq_len, grad_scale=scale)
+
+    log_probs = logits.log_softmax(1)
+    torch.testing.assert_close(lse, logits.logsumexp(1).float())
+    assert logp[1] < 0  # kept, although exp of it rounds to 1
+    a = torch.where(target >= 0, seq_coef.double()[token // seq_len], 0.0)
+    b = torch.where(nll_target >= 0, nll_coef, 0.0)
+    want = -(a + b)[:, None] * log_probs.exp()
+    want[torch.arange(rows)[target >= 0], target[target >= 0].long()] += a[target >= 0]
+    want[torch.arange(rows)[nll_target >= 0], nll_target[nll_target >= 0].long()] += b[nll_target >= 0]
+    want *= grad_scale or 1.0
+    torch.testing.assert_close(chunk.double(), want, rtol=1e-5, atol=1e-7)
