@@ -168,7 +168,7 @@ class RowLaunch:
 
 # Chosen from the H200 sweeps in figures/data (notebooks/03-kernel-tuning.ipynb).
 STATS_LAUNCH = RowLaunch(block_v=2048, num_warps=4)
-GRADS_LAUNCH = RowLaunch(block_v=4096, num_warps=16)
+GRADS_LAUNCH = RowLaunch(block_v=8192, num_warps=16)
 
 
 def _block_v(vocab: int, launch: RowLaunch) -> int:
