@@ -46,15 +46,17 @@ class ChunkGroup:
 
 
 def plan_chunks(pair_rows: list, chunk_rows: int) -> list:
-    """Pack pairs greedily into groups of at most ``chunk_rows`` rows; split a pair that alone exceeds it."""
+    """Pack pairs greedily into groups of at most ``chunk_rows`` rows; split a pair that alone exceeds it
+    into the fewest blocks of at most ``chunk_rows`` rows, all of (nearly) the same size."""
     groups, first_pair, first_row, row = [], 0, 0, 0
     for pair, rows in enumerate(pair_rows):
         if row > first_row and row - first_row + rows > chunk_rows:
             groups.append(ChunkGroup(first_pair, pair, [(first_row, row)]))
             first_pair, first_row = pair, row
         row += rows
-        if row - first_row > chunk_rows:
-            blocks = [(r, min(r + chunk_rows, row)) for r in range(first_row, row, chunk_rows)]
+        if row - first_row > chunk_rows:  # this pair alone: blocks of equal size, none a small remainder
+            block_rows = -(-(row - first_row) // -(-(row - first_row) // chunk_rows))
+            blocks = [(r, min(r + block_rows, row)) for r in range(first_row, row, block_rows)]
             groups.append(ChunkGroup(first_pair, pair + 1, blocks))
             first_pair, first_row = pair + 1, row
     if row > first_row:

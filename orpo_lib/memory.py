@@ -24,9 +24,10 @@ FP32_BYTES = 4
 
 IMPLEMENTATIONS = ("seed_baseline", "baseline", "liger", "fused", "fused_lean")
 
-# The lean setting trades one extra GEMM per chunk for a small logits buffer: 1536 rows keep the
-# 16×4096 peak under 2 GiB with room to spare, in fewer (so cheaper) dW accumulations than 1024.
-LEAN_CHUNK_ROWS = 1536
+# The lean setting trades one extra GEMM per chunk for a small logits buffer. At most 1664 rows:
+# a T=4096 pair (8192 rows) becomes five blocks of 1639 rows, a T=1024 pair two of 1024, and the
+# 16×4096 peak stays under 2 GiB with fewer (so cheaper) dW accumulations than 1024-row blocks.
+LEAN_CHUNK_ROWS = 1664
 # Per token the fused loss keeps four fp32 statistics (log-prob, NLL log-prob, logit sum, log-sum-exp), two
 # int32 label vectors and an int64 row index.
 FUSED_TOKEN_STATE_BYTES = 4 * 4 + 2 * 4 + 8
@@ -69,8 +70,10 @@ def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0
     if limit >= pair_rows:
         pairs_per_chunk = min(pairs, limit // pair_rows)
         return Chunking(rows=pairs_per_chunk * pair_rows, count=math.ceil(pairs / pairs_per_chunk), passes=1)
-    # A pair is larger than a chunk: a statistics pass, then a gradient pass that recomputes logits.
-    return Chunking(rows=limit, count=pairs * math.ceil(pair_rows / limit), passes=2)
+    # A pair is larger than a chunk: split into equal blocks, a statistics pass over them, then a
+    # gradient pass that computes their logits again.
+    blocks = math.ceil(pair_rows / limit)
+    return Chunking(rows=math.ceil(pair_rows / blocks), count=pairs * blocks, passes=2)
 
 
 def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, with_grad):

@@ -212,6 +212,8 @@ def test_plan_chunks_packs_whole_pairs_and_splits_long_ones():
     groups = plan_chunks([3, 4, 10, 2, 2], chunk_rows=8)
     assert [(g.first_pair, g.end_pair, g.blocks) for g in groups] == [
         (0, 2, [(0, 7)]),
-        (2, 3, [(7, 15), (15, 17)]),  # one pair longer than a chunk: two passes over token blocks
+        (2, 3, [(7, 12), (12, 17)]),  # one pair longer than a chunk: two passes over equal token blocks
         (3, 5, [(17, 21)]),
     ]
+    assert [g.blocks for g in plan_chunks([20], chunk_rows=6)] == [[(0, 5), (5, 10), (10, 15), (15, 20)]]
+    assert [g.blocks for g in plan_chunks([13], chunk_rows=6)] == [[(0, 5), (5, 10), (10, 13)]]
