@@ -61,8 +61,9 @@ def row_stats_kernel(
     cols = tail + offs
     in_row = cols < V
     x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
-    row_max = tl.max(x, axis=0)  # -inf when V is a multiple of BLOCK_V; the where()s below keep that finite
-    other_sums = tl.where(in_row & (cols != target), tl.exp(x - row_max), 0.0)
+    row_max = tl.max(x, axis=0)  # -inf when V is a multiple of BLOCK_V (an empty tail)
+    tail_ref = tl.where(row_max == float("-inf"), 0.0, row_max)  # so that no -inf - -inf is ever formed
+    other_sums = tl.where(in_row & (cols != target), tl.exp(x - tail_ref), 0.0)
     logit_sums = tl.where(in_row, x, 0.0)
     last_start = tail - BLOCK_V
     next_x = tl.load(row_ptr + offs)

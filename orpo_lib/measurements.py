@@ -357,9 +357,9 @@ def time_findings(record: BenchRecord, target: float = 1.05) -> list[str]:
     if lean:
         largest = max(lean, key=lambda r: r["batch"] * r["seq"])
         (row,) = record.select(provider="fused_lean", mode="full", batch=largest["batch"], seq=largest["seq"], mask="none")
-        lines.append(f"Lean (1024-row chunks, two passes, dW in the weight dtype) at {_shape_text(largest)}: "
-                     f"{row['peak_over_inputs_gib']:.2f} GiB but {largest['x_floor']:.2f}× the floor (4 GEMMs are 4/3 = 1.33× "
-                     f"plus two row passes).")
+        lines.append(f"Lean (blocks of at most {memory.LEAN_CHUNK_ROWS} rows, two passes, dW in the weight dtype) at "
+                     f"{_shape_text(largest)}: {row['peak_over_inputs_gib']:.2f} GiB but {largest['x_floor']:.2f}× the floor "
+                     f"(4 GEMMs are 4/3 = 1.33×, plus the row passes and one dW accumulation per block).")
     return lines
 
 

@@ -244,7 +244,7 @@ def row_kernel_heatmap(record: BenchRecord) -> Figure:
         grid = [[float("nan")] * len(blocks) for _ in warps]
         for p in points:
             grid[warps.index(p["num_warps"])][blocks.index(p["block_v"])] = p["gbps"]
-        ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0, vmax=3500)
+        ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0, vmax=4800)
         best = max(points, key=lambda p: p["gbps"])
         for i, row in enumerate(grid):
             for j, value in enumerate(row):
@@ -257,7 +257,7 @@ def row_kernel_heatmap(record: BenchRecord) -> Figure:
         ax.set_xlabel("BLOCK_V")
         ax.set_ylabel("num_warps")
         ax.set_title(f"{title}\nbest {best['gbps']:.0f} GB/s", fontsize=9)
-    fig.suptitle("Row kernel: GB/s moved (HBM peak ≈ 4800; colour scale 0–3500)", fontsize=10)
+    fig.suptitle("Row kernels: GB/s moved (colour scale 0 to the HBM peak, ≈ 4800)", fontsize=10)
     add_caption(fig, "Measured: " + record_caption(record))
     fig.subplots_adjust(top=0.78, wspace=0.3)
     return fig

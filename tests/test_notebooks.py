@@ -66,8 +66,8 @@ def test_memory_notebook_matches_hand_formulas(runs):
     chunk = r["fused_chunk"]
     rows = chunk["rows"]
     assert rows == min(b, max(1, 4096 // (2 * t))) * 2 * t or chunk["passes"] == 2
-    loop = rows * v * 2 + rows * h * 2 + rows * h * 4 + rows * h * 2 + v * h * 4 + tokens * h * 2 + tokens * 28
-    cast = v * h * 4 + v * h * 2 + tokens * h * 2 + tokens * 28
+    loop = rows * v * 2 + rows * h * 2 + rows * h * 4 + rows * h * 2 + v * h * 4 + tokens * h * 2 + tokens * 32
+    cast = v * h * 4 + v * h * 2 + tokens * h * 2 + tokens * 32
     if chunk["count"] > 1:
         assert r["fused_peak_gib"] == pytest.approx(max(loop, cast) / GIB)
     assert r["fused_peak_gib"] < r["liger_peak_gib"] < r["baseline_peak_gib"]
@@ -97,8 +97,11 @@ def test_kernel_tuning_prediction_and_recorded_sweeps(runs):
     assert r["stage_points"] == len(record.sweeps["stages"])
     peaks = r["model_chunk_peak_gib"]
     assert peaks["16384"] > peaks["4096"]  # a bigger buffer never costs less
-    assert r["row_kernel_best"] == max(record.sweeps["row_kernel"], key=lambda p: p["gbps"])
-    assert 2000 < r["row_kernel_best"]["gbps"] < 3500  # below the 3.5 TB/s the roofline assumes
+    best = r["row_kernel_best"]
+    assert set(best) == {"stats", "grads"}
+    for kernel, point in best.items():
+        assert point == max((p for p in record.sweeps["row_kernel"] if p["kernel"] == kernel), key=lambda p: p["gbps"])
+    assert 2000 < best["stats"]["gbps"] < 3500 < best["grads"]["gbps"] < 4800  # around the assumed 3.5 TB/s; HBM peak 4.8
 
 
 def test_kernel_tuning_profile_accuracy_and_findings(runs):
@@ -110,8 +113,7 @@ def test_kernel_tuning_profile_accuracy_and_findings(runs):
     accuracy = {(a["batch"], a["seq"], a["quantity"]): a for a in r["accuracy"]}
     assert len(accuracy) == 9
     assert accuracy[(2, 512, "grad_weight")]["baseline"] == pytest.approx(3.603e-4, rel=1e-3)
-    assert accuracy[(2, 500, "grad_weight")]["fused_over_baseline"] == pytest.approx(2.464 / 1.811, rel=1e-3)
-    assert accuracy[(4, 1000, "grad_weight")]["fused_over_baseline"] < 1
+    assert all(a["fused_over_baseline"] <= 1.001 for a in accuracy.values())  # G rounded once, as the baseline's
     assert any("TB/s" in line for line in r["kernel_findings"])
     stages = {s["stage"]: s["median_ms"] for s in record.sweeps["stages"]}
     extra = stages["dW GEMM (fp32 accumulate)"] - stages["dW GEMM (weight dtype out)"]
@@ -133,13 +135,13 @@ def test_batch_scaling_reads_the_record(runs):
 
 
 def test_batch_scaling_against_the_targets(runs):
-    """The recorded H200 ratios: forward+backward 1.04–1.12× the floor, within 1.05 only at 4×4096 and
-    16×4096; no-grad forward 1.08–1.34× the logits GEMM; the masked fused step near 0.55× the unmasked floor."""
+    """The recorded H200 ratios: forward+backward 1.03–1.10× the floor, within 1.05 at 4×1024, 4×4096 and
+    8×4096; no-grad forward 1.06–1.21× the logits GEMM; the masked fused step near 0.55× the unmasked floor."""
     r = _record(runs, "04-batch-scaling")
     full, no_grad = r["fused_full_x_floor_all"], r["fused_eval_x_floor_all"]
     assert len(full) == len(no_grad) == 8
-    assert 1.03 < min(full) < 1.05 and 1.10 < max(full) < 1.13
-    assert 1.08 < min(no_grad) and max(no_grad) < 1.35
-    assert "met (at two decimals) only at 4×4096, 16×4096" in r["time_findings"][0]
+    assert 1.03 < min(full) < 1.05 and 1.09 < max(full) < 1.10
+    assert 1.06 < min(no_grad) and max(no_grad) < 1.21
+    assert "met (at two decimals) only at 4×1024, 4×4096, 8×4096" in r["time_findings"][0]
     assert all(0.5 < x < 0.6 for x in r["mask_fused_x_unmasked_floor"]) and len(r["mask_fused_x_unmasked_floor"]) == 2
-    assert any("16×4096: 1.76 GiB but 1.48× the floor" in line for line in r["time_findings"])
+    assert any("16×4096: 1.92 GiB but 1.43× the floor" in line for line in r["time_findings"])
