@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from . import kernels
+from ._triton_mode import INTERPRET
 from .baseline import orpo_loss_baseline
 from .fused import _addmm_, _mm, fused_linear_orpo_loss
 from .memory import LEAN_CHUNK_ROWS, fused_chunk_rows
@@ -377,7 +378,7 @@ def provenance(device, command, commit=None) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "liger": liger_version(),
-        "interpreter": kernels.INTERPRET,
+        "interpreter": INTERPRET,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit,
         "command": command,

@@ -12,9 +12,8 @@ A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. T
 
 from dataclasses import dataclass
 
-from ._triton_mode import INTERPRET  # decides compile vs interpret before @triton.jit runs
+from . import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)
 
-import torch
 import triton
 import triton.language as tl
 
@@ -24,6 +23,14 @@ def _log1p(x):
     # log(1 + x) without losing a tiny x to rounding (Goldberg's trick; tl has no log1p).
     u = 1.0 + x
     return tl.where(u == 1.0, x, tl.log(u) * (x / tl.where(u == 1.0, 1.0, u - 1.0)))
+
+
+@triton.jit
+def _this_row(logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr):
+    # The program's row: its address, its two target ids and its index among the B*T tokens.
+    row = tl.program_id(0)
+    return (logits_ptr + row.to(tl.int64) * stride_row, tl.load(target_ptr + row), tl.load(nll_target_ptr + row),
+            tl.load(token_ptr + row))
 
 
 @triton.jit
@@ -40,11 +47,7 @@ def row_stats_kernel(
     V,  # at least BLOCK_V
     BLOCK_V: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-    target = tl.load(target_ptr + row)
-    nll_target = tl.load(nll_target_ptr + row)
-    token = tl.load(token_ptr + row)
+    row_ptr, target, nll_target, token = _this_row(logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
     has_target = target >= 0
     has_nll = nll_target >= 0
     target_logit = tl.load(row_ptr + target, mask=has_target, other=0.0).to(tl.float32)
@@ -118,11 +121,7 @@ def row_grads_kernel(
     HAS_GRAD_SCALE: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-    target = tl.load(target_ptr + row)
-    nll_target = tl.load(nll_target_ptr + row)
-    token = tl.load(token_ptr + row)
+    row_ptr, target, nll_target, token = _this_row(logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
     # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b.
     a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len), 0.0)
     b = tl.where(nll_target >= 0, nll_coef, 0.0)

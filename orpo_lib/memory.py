@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused import DEFAULT_CHUNK_ROWS, LOGITS_BUDGET_BYTES, auto_chunk_rows
+from .fused import DEFAULT_CHUNK_ROWS, auto_chunk_rows
 
 GIB = 2**30
 FP32_BYTES = 4

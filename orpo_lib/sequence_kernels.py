@@ -8,7 +8,7 @@ small torch ops, which at small shapes cost more than the row kernel.
   ``pairs.odds_ratio_terms``, which the materialising baseline uses).
 """
 
-from ._triton_mode import INTERPRET  # decides compile vs interpret before @triton.jit runs
+from . import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)
 
 import torch
 import triton
