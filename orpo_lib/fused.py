@@ -15,8 +15,8 @@ How one chunk of C token rows is processed (G is dL/dlogits, P the softmax, X th
 
 So the buffer is read twice and written once between the GEMMs. Chunks hold whole (chosen,
 rejected) pairs, because a token's gradient depends on its pair; a pair longer than the chunk is
-processed in two passes (statistics of every block, then each block's logits computed again and
-turned into G from the saved log-sum-exp). Tokens no target needs are dropped before any GEMM. The
+processed in two passes (statistics of every block, then each block's logits, but the one still in
+the buffer, computed again and turned into G from the saved log-sum-exp). Tokens no target needs are dropped before any GEMM. The
 gradients are formed during forward, except the last chunk's, which waits for backward so that the
 upstream gradient folds into it.
 """
@@ -174,9 +174,10 @@ class ChunkedORPO:
             if not self.needs_grad:
                 continue
             self._pair_terms(group.first_pair, group.end_pair)
-            two_pass = len(group.blocks) > 1
-            for i, span in enumerate(group.blocks):
-                if two_pass:  # the buffer holds the last block's logits: compute each block's again
+            # The buffer still holds the last block's logits: take the blocks last to first, so that
+            # only the others (in a two-pass group) have their logits computed again.
+            for i, span in enumerate(reversed(group.blocks)):
+                if i > 0:
                     block = self._logits(span)
                 if group is self.groups[-1] and i == len(group.blocks) - 1:
                     self.pending = block  # finished in backward, where the upstream gradient is known

@@ -357,9 +357,13 @@ def time_findings(record: BenchRecord, target: float = 1.05) -> list[str]:
     if lean:
         largest = max(lean, key=lambda r: r["batch"] * r["seq"])
         (row,) = record.select(provider="fused_lean", mode="full", batch=largest["batch"], seq=largest["seq"], mask="none")
+        chunk = memory.chunking(largest["batch"], largest["seq"], memory.LEAN_CHUNK_ROWS, largest["vocab"])
+        blocks = chunk.count // (largest["batch"] // 2)
+        gemms = 3 + (blocks - 1) / blocks
         lines.append(f"Lean (blocks of at most {memory.LEAN_CHUNK_ROWS} rows, two passes, dW in the weight dtype) at "
-                     f"{_shape_text(largest)}: {row['peak_over_inputs_gib']:.2f} GiB but {largest['x_floor']:.2f}× the floor "
-                     f"(4 GEMMs are 4/3 = 1.33×, plus the row passes and one dW accumulation per block).")
+                     f"{_shape_text(largest)}: {row['peak_over_inputs_gib']:.2f} GiB at {largest['x_floor']:.2f}× the floor "
+                     f"({blocks} blocks a pair, {blocks - 1} of them computed twice: {gemms:.2f} GEMMs, {gemms / 3:.2f}×, "
+                     f"plus the row passes and one dW accumulation per block).")
     return lines
 
 

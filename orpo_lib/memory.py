@@ -43,7 +43,7 @@ class Chunking:
 
     rows: int  # token rows whose logits exist at once (the chunk buffer's height)
     count: int  # chunks per call (blocks of logits computed for the gradient pass)
-    passes: int  # 1, or 2 when a pair is larger than a chunk and its logits are recomputed
+    passes: int  # 1, or 2 when a pair is larger than a chunk and most of its logits are computed twice
 
 
 def chunk_row_limit(seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2) -> int:
@@ -252,7 +252,10 @@ def stage_costs(
         w_reads = chunk.count * w_bytes
         stages = [{"stage": "logits GEMM", "flops": gemm_flops, "bytes": x_bytes + w_reads + logits * dtype_bytes}]
         if chunk.passes == 2:
-            stages.append({"stage": "logits GEMM (recompute)", "flops": gemm_flops, "bytes": x_bytes + w_reads + logits * dtype_bytes})
+            # every block of a pair but one (the last, still in the buffer) computes its logits again
+            again = 1 - batch // 2 / chunk.count
+            stages.append({"stage": "logits GEMM (recompute)", "flops": round(again * gemm_flops),
+                           "bytes": round(again * (x_bytes + w_reads + logits * dtype_bytes))})
         stages += [
             {"stage": "row kernels (statistics; gradient in place)", "flops": 0, "bytes": 3 * logits * dtype_bytes},
             {"stage": "dX GEMM", "flops": gemm_flops, "bytes": logits * dtype_bytes + w_reads + x_bytes},

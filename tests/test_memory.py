@@ -86,12 +86,13 @@ def test_eval_needs_less_than_training():
         assert memory.peak_gib(impl, 8, 1024, H, V, with_grad=False) < memory.peak_gib(impl, 8, 1024, H, V)
 
 
-def test_stage_costs_count_three_gemms_and_a_fourth_when_recomputing():
+def test_stage_costs_count_three_gemms_and_most_of_a_fourth_when_recomputing():
     gemm = 2 * 8 * 4096 * H * V
     default = memory.stage_costs("fused", 8, 4096, H, V)
     lean = memory.stage_costs("fused_lean", 8, 4096, H, V)
     assert sum(s["flops"] for s in default) == 3 * gemm == memory.floor_flops(8, 4096, H, V)
-    assert sum(s["flops"] for s in lean) == 4 * gemm
+    # lean: each 8192-row pair in five blocks, four of which compute their logits a second time
+    assert sum(s["flops"] for s in lean) == 3 * gemm + round(4 / 5 * gemm)
     floor_ms = memory.floor_flops(8, 4096, H, V) / (memory.H200_GEMM_TFLOPS * 1e12) * 1e3
     assert floor_ms < memory.predicted_ms(default) < 1.1 * floor_ms
     assert memory.predicted_ms(memory.stage_costs("baseline", 8, 4096, H, V)) > 1.15 * floor_ms
