@@ -135,13 +135,16 @@ def test_batch_scaling_reads_the_record(runs):
 
 
 def test_batch_scaling_against_the_targets(runs):
-    """The recorded H200 ratios: forward+backward 1.03–1.10× the floor, within 1.05 at 4×1024, 4×4096 and
-    8×4096; no-grad forward 1.06–1.21× the logits GEMM; the masked fused step near 0.55× the unmasked floor."""
+    """The recorded H200 ratios: forward+backward 1.03–1.08× the floor, within 1.05 (at two decimals)
+    at five of the eight workloads; no-grad forward 1.06–1.16× the logits GEMM; the lean setting
+    under 2 GiB and 1.40× at 16×4096; the masked fused step near 0.55× the unmasked floor."""
     r = _record(runs, "04-batch-scaling")
     full, no_grad = r["fused_full_x_floor_all"], r["fused_eval_x_floor_all"]
     assert len(full) == len(no_grad) == 8
-    assert 1.03 < min(full) < 1.05 and 1.09 < max(full) < 1.10
-    assert 1.06 < min(no_grad) and max(no_grad) < 1.21
-    assert "met (at two decimals) only at 4×1024, 4×4096, 8×4096" in r["time_findings"][0]
+    assert 1.03 < min(full) < 1.04 and 1.08 < max(full) < 1.09
+    assert 1.06 < min(no_grad) and max(no_grad) < 1.17
+    met = r["time_findings"][0].split("met (at two decimals) only at ")[1].rstrip(".").split(", ")
+    assert sorted(met) == sorted(["4×1024", "2×4096", "4×4096", "8×4096", "16×4096"])
     assert all(0.5 < x < 0.6 for x in r["mask_fused_x_unmasked_floor"]) and len(r["mask_fused_x_unmasked_floor"]) == 2
-    assert any("16×4096: 1.92 GiB but 1.43× the floor" in line for line in r["time_findings"])
+    assert any("16×4096: 1.92 GiB at 1.35× the floor (5 blocks a pair, 4 of them computed twice: 3.80 GEMMs, 1.27×"
+               in line for line in r["time_findings"])
