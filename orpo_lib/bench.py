@@ -274,21 +274,24 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
     target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
     nll_target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
     token = torch.arange(chunk_rows, device=device)
-    stats = [torch.zeros(chunk_rows, device=device) for _ in range(4)]
+    logp, nll_logp, logit_sum, lse = (torch.zeros(chunk_rows, device=device) for _ in range(4))
     seq_coef = -torch.rand(chunk_rows, device=device, generator=gen)
     acc = torch.zeros(w.vocab, w.hidden, device=device)
     torch.mm(x, weight.t(), out=logits)
     snapshot = logits.clone()
-    kernels.row_stats(logits, target, nll_target, token, *stats)  # real statistics for the gradient pass
+
+    def row_stats():
+        kernels.row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, lse)
 
     def row_grads():
         logits.copy_(snapshot)  # every repetition rewrites real logits, not last round's gradient
-        kernels.row_grads(logits, target, nll_target, token, *stats[:2], stats[3], seq_coef, nll_coef=-1.0 / chunk_rows,
-                          seq_len=1)
+        kernels.row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef,
+                          nll_coef=-1.0 / chunk_rows, seq_len=1)
 
+    row_stats()  # real statistics for the gradient pass
     stages = {
         "logits GEMM": lambda: torch.mm(x, weight.t(), out=logits),
-        "row stats (read)": lambda: kernels.row_stats(logits, target, nll_target, token, *stats),
+        "row stats (read)": row_stats,
         "copy (restores the chunk)": lambda: logits.copy_(snapshot),
         "row grads (read, write) + copy": row_grads,
         "dX GEMM": lambda: torch.mm(logits, weight),

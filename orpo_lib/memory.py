@@ -24,7 +24,7 @@ FP32_BYTES = 4
 
 IMPLEMENTATIONS = ("seed_baseline", "baseline", "liger", "fused", "fused_lean")
 
-# The lean setting trades one extra GEMM per chunk for a small logits buffer. At most 1664 rows:
+# The lean setting trades computing most logits twice for a small logits buffer. At most 1664 rows:
 # a T=4096 pair (8192 rows) becomes five blocks of 1639 rows, a T=1024 pair two of 1024, and the
 # 16×4096 peak stays under 2 GiB with fewer (so cheaper) dW accumulations than 1024-row blocks.
 LEAN_CHUNK_ROWS = 1664
@@ -238,7 +238,8 @@ def stage_costs(
     """FLOPs and HBM bytes of each stage of a forward+backward call (fused or baseline).
 
     The fused row kernels read each chunk of logits for its statistics, then read it again and write
-    it back as the gradient; a two-pass chunk computes its logits twice but reads them no more often.
+    it back as the gradient; a pair split into blocks computes most of its logits twice but reads
+    them no more often.
     The baseline's elementwise chain (cast, log_softmax,
     gather backward, softmax backward, cast) touches the logits in fp32 several times.
     """
