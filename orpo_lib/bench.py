@@ -8,7 +8,8 @@ shapes; in ``eval`` mode only the logits GEMM), ``baseline`` (materialising, TRL
 (this library, default settings), ``fused_lean`` (small chunks, two-pass, dW accumulated in the
 weight dtype), ``liger`` (Liger-Kernel's fused ORPO, when importable). Modes: ``forward``, ``full``
 (forward + backward), ``eval`` (forward under no_grad). Times are CUDA-event medians after
-warm-up; memory is the peak allocated during the call, absolute and over what was allocated before.
+warm-up, the providers' repetitions interleaved so that the GPU's clock drift weighs on all alike;
+memory is the peak allocated during the call, absolute and over what was allocated before.
 """
 
 import argparse
@@ -171,24 +172,29 @@ def liger_version():
 
 # ---- timing -----------------------------------------------------------------------------------------
 
+def _elapsed_ms(run, device) -> float:
+    """Milliseconds of one call; CUDA events on the GPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    run()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _summary(times):
+    return statistics.median(times), min(times), max(times), len(times)
+
+
 def time_call(run, device, warmup=2, reps=10):
     """Median, min and max milliseconds over ``reps`` calls after ``warmup``; CUDA events on the GPU."""
     for _ in range(warmup):
         run()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times), max(times), len(times)
+    return _summary([_elapsed_ms(run, device) for _ in range(reps)])
 
 
 def peak_memory(run, device):
@@ -204,25 +210,75 @@ def peak_memory(run, device):
     return peak / GIB, (peak - before) / GIB
 
 
-def measure(provider, mode, w, inputs, device, *, warmup, reps, chunk_size=None, make_run=None) -> Result:
-    """One provider in one mode: peak memory, then timing; ``make_run`` overrides ``PROVIDERS[provider]``."""
-    result = Result(provider, mode, w.batch, w.seq, w.hidden, w.vocab, w.dtype, w.mask, chunk_size)
+def _release(inputs, device):
+    """Drops the inputs' gradients (a failed call can leave some) and, on the GPU, the allocator's cache."""
+    for tensor in inputs[:2]:
+        tensor.grad = None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _measurement(result, make_run, w, inputs, device, warmup, reps):
+    """One provider's measurement into ``result``, one step per ``next``: peak memory, warm-up, then
+    each timed call."""
+    make_run = make_run or PROVIDERS[result.provider]
+    # This closure is dropped at once and built again for the timing, so that while a peak is measured
+    # no other provider's closure holds memory (the floor's holds a tokens × vocab logits tensor).
+    result.peak_gib, result.peak_over_inputs_gib = peak_memory(make_run(w, inputs, result.mode), device)
+    yield
+    run = make_run(w, inputs, result.mode)
+    for _ in range(warmup):
+        run()
+    yield
+    times = []
+    for _ in range(reps):
+        times.append(_elapsed_ms(run, device))
+        yield
+    result.median_ms, result.min_ms, result.max_ms, result.reps = _summary(times)
+    gemms = 1 if result.mode != "full" else 3
+    result.tflops = gemms * w.gemm_flops() / (result.median_ms * 1e-3) / 1e12
+
+
+def _step(result, steps, inputs, device) -> bool:
+    """Takes the next step of a measurement; False once it is done or has failed. A failure is recorded
+    in ``result``, not raised, so that one failing provider does not stop the others."""
     try:
-        run = (make_run or PROVIDERS[provider])(w, inputs, mode)
-        result.peak_gib, result.peak_over_inputs_gib = peak_memory(run, device)
-        result.median_ms, result.min_ms, result.max_ms, result.reps = time_call(run, device, warmup, reps)
-        gemms = 1 if mode != "full" else 3
-        result.tflops = gemms * w.gemm_flops() / (result.median_ms * 1e-3) / 1e12
+        next(steps)
+        return True
+    except StopIteration:
+        return False
     except torch.cuda.OutOfMemoryError as exc:
         result.status, result.error = "oom", str(exc).splitlines()[0]
-    except Exception as exc:  # recorded, so that one failing provider does not end the sweep
+    except Exception as exc:
         result.status, result.error = "error", f"{type(exc).__name__}: {exc}"
+    _release(inputs, device)
+    return False
+
+
+def measure_interleaved(jobs, mode, w, inputs, device, *, warmup, reps) -> list:
+    """Providers in one mode on the same inputs, one ``Result`` each; ``jobs`` holds (provider,
+    chunk_size, make_run) triples, ``make_run`` None for ``PROVIDERS[provider]``.
+
+    The providers take turns: the peak memory of each, the warm-up of each, then rep 1 of each, rep 2
+    of each, ...: the GPU's clocks drift over a run (power, heat), and interleaved repetitions share
+    that drift, so the ratios between providers hold steady from run to run.
+    """
+    results = [Result(provider, mode, w.batch, w.seq, w.hidden, w.vocab, w.dtype, w.mask, chunk_size)
+               for provider, chunk_size, _ in jobs]
+    pending = [(result, _measurement(result, make_run, w, inputs, device, warmup, reps))
+               for result, (_, _, make_run) in zip(results, jobs)]
+    try:
+        while pending:  # one round: the next step of every provider still measuring
+            pending = [(result, steps) for result, steps in pending if _step(result, steps, inputs, device)]
     finally:
-        for tensor in inputs[:2]:
-            tensor.grad = None
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return result
+        _release(inputs, device)
+    return results
+
+
+def measure(provider, mode, w, inputs, device, *, warmup, reps, chunk_size=None, make_run=None) -> Result:
+    """One provider in one mode: peak memory, then timing; ``make_run`` overrides ``PROVIDERS[provider]``."""
+    return measure_interleaved([(provider, chunk_size, make_run)], mode, w, inputs, device,
+                               warmup=warmup, reps=reps)[0]
 
 
 # ---- accuracy: bf16 against float64 ------------------------------------------------------------------
@@ -439,24 +495,22 @@ def main(argv=None):
 
     record = {"provenance": provenance(device, "python -m orpo_lib.bench " + " ".join(argv), args.commit),
               "results": [], "sweeps": {}}
-    # No forward-only floor (the eval floor, the logits GEMM, serves), and no forward-only Liger:
-    # Liger does all its gradient work in forward, so its forward is its full step.
-    jobs = [(Workload(b, t, hidden, vocab, dtype, mask), p, m)
-            for mask in masks for (b, t) in shapes for p in providers for m in modes
-            if not (p in ("floor", "liger") and m == "forward")]
-    inputs_for = {}
-    for w, provider, mode in tqdm(jobs, desc="bench", disable=None):
-        key = (w.batch, w.seq, w.mask)
-        if key not in inputs_for:
-            inputs_for.clear()
-            if on_gpu:
-                torch.cuda.empty_cache()
-                torch._dynamo.reset()
-            inputs_for[key] = make_inputs(w, device)
-        result = measure(provider, mode, w, inputs_for[key], device, warmup=warmup, reps=reps,
-                         chunk_size=fused_chunk_rows(provider, None))
-        record["results"].append(asdict(result))
-    inputs_for.clear()
+    workloads = [Workload(b, t, hidden, vocab, dtype, mask) for mask in masks for (b, t) in shapes]
+    for w in tqdm(workloads, desc="bench", disable=None):
+        if on_gpu:
+            torch.cuda.empty_cache()
+            torch._dynamo.reset()
+        inputs = make_inputs(w, device)
+        by_job = {}
+        for mode in modes:
+            # No forward-only floor (the eval floor, the logits GEMM, serves), and no forward-only Liger:
+            # Liger does all its gradient work in forward, so its forward is its full step.
+            jobs = [(p, fused_chunk_rows(p, None), None) for p in providers
+                    if not (p in ("floor", "liger") and mode == "forward")]
+            for result in measure_interleaved(jobs, mode, w, inputs, device, warmup=warmup, reps=reps):
+                by_job[result.provider, mode] = result
+        record["results"] += [asdict(by_job[p, m]) for p in providers for m in modes if (p, m) in by_job]
+        del inputs  # freed before the next workload's are made
 
     sweeps = [s for s in args.sweeps.split(",") if s]
     if sweeps:

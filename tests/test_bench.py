@@ -16,10 +16,9 @@ def test_harness_records_every_provider_and_mode(tmp_path):
     assert saved == json.loads(json.dumps(record))
     assert {"gpu", "torch", "triton", "date", "commit", "command"} <= set(saved["provenance"])
     rows = saved["results"]
-    assert {(r["provider"], r["mode"]) for r in rows} == {
-        ("floor", "full"), ("floor", "eval"),
-        *((p, m) for p in ("baseline", "fused", "fused_lean") for m in ("full", "forward", "eval"))}
-    assert {r["mask"] for r in rows} == {"none", "prompt-half"}
+    assert [(r["mask"], r["provider"], r["mode"]) for r in rows] == [  # no forward-only floor
+        (mask, p, m) for mask in ("none", "prompt-half") for p in ("floor", "baseline", "fused", "fused_lean")
+        for m in ("full", "forward", "eval") if (p, m) != ("floor", "forward")]
     for r in rows:
         assert r["status"] == "ok", r
         assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
@@ -46,6 +45,47 @@ def test_a_failing_provider_is_recorded_not_raised(monkeypatch):
     assert oom.status == "oom" and "110.00 GiB" in oom.error and oom.median_ms is None
     err = bench.measure("broken", "full", w, inputs, torch.device("cpu"), warmup=0, reps=1)
     assert err.status == "error" and "kernel failed" in err.error
+
+
+def test_timed_repetitions_take_turns_and_a_failing_provider_drops_out(monkeypatch):
+    calls = []
+
+    def logged(name, make_run, fail_on_call=None):
+        """``make_run``'s closure, each call logged under ``name``; call number ``fail_on_call`` raises."""
+        def provider(w, inputs, mode):
+            run = make_run(w, inputs, mode)
+            count = 0
+
+            def logged_run():
+                nonlocal count
+                count += 1
+                calls.append(name)
+                if count == fail_on_call:
+                    raise RuntimeError("kernel failed")
+                run()
+            return logged_run
+        return provider
+
+    def out_of_memory(w, inputs, mode):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 110.00 GiB")
+
+    make_fused = bench.PROVIDERS["fused"]
+    monkeypatch.setitem(bench.PROVIDERS, "floor", logged("floor", bench.PROVIDERS["floor"]))
+    monkeypatch.setitem(bench.PROVIDERS, "broken", logged("broken", make_fused, fail_on_call=2))  # its first timed call
+    monkeypatch.setitem(bench.PROVIDERS, "oom", out_of_memory)
+    monkeypatch.setitem(bench.PROVIDERS, "fused", logged("fused", make_fused))
+    w = bench.Workload(2, 4, 16, 50, "fp32")
+    inputs = bench.make_inputs(w, torch.device("cpu"))
+    jobs = [(p, None, None) for p in ("floor", "broken", "oom", "fused")]
+    floor, broken, oom, fused = bench.measure_interleaved(jobs, "full", w, inputs, torch.device("cpu"),
+                                                          warmup=1, reps=3)
+    # On the CPU peak_memory makes no call: one warm-up each, then the timed calls round-robin.
+    assert calls == ["floor", "broken", "fused"] + ["floor", "broken", "fused"] + ["floor", "fused"] * 2
+    assert broken.status == "error" and "kernel failed" in broken.error and broken.median_ms is None
+    assert oom.status == "oom" and "110.00 GiB" in oom.error and oom.median_ms is None
+    for r in (floor, fused):
+        assert r.status == "ok" and r.reps == 3 and 0 < r.min_ms <= r.median_ms <= r.max_ms
+    assert inputs[0].grad is None and inputs[1].grad is None
 
 
 def test_inputs_are_random_not_zero():
