@@ -16,9 +16,10 @@ How one chunk of C token rows is processed (G is dL/dlogits, P the softmax, X th
 So the buffer is read twice and written once between the GEMMs. Chunks hold whole (chosen,
 rejected) pairs, because a token's gradient depends on its pair; a pair longer than the chunk is
 processed in two passes (statistics of every block, then each block's logits, but the one still in
-the buffer, computed again and turned into G from the saved log-sum-exp). Tokens no target needs are dropped before any GEMM. The
-gradients are formed during forward, except the last chunk's, which waits for backward so that the
-upstream gradient folds into it.
+the buffer, computed again and turned into G from the saved log-sum-exp). Tokens no target needs are
+dropped before any GEMM. The gradients are formed during forward; backward only applies the upstream
+gradient. When one block holds every row, its gradient waits for backward instead, so that the
+upstream gradient goes into G and every gradient is rounded once.
 """
 
 from dataclasses import dataclass
@@ -64,13 +65,30 @@ def plan_chunks(pair_rows: list, chunk_rows: int) -> list:
     return groups
 
 
-def auto_chunk_rows(largest_pair_rows: int, vocab: int, itemsize: int, device: torch.device) -> int:
-    """``DEFAULT_CHUNK_ROWS``, or one whole pair if longer, within the logits budget (and a quarter of free memory)."""
+def auto_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsize: int, device: torch.device,
+                    accumulator_rows: int = 0) -> int:
+    """``DEFAULT_CHUNK_ROWS``, or one whole pair if longer, within the logits budget (and a quarter of free memory).
+
+    Several chunks accumulate dW in a float32 tensor that costs as much memory as ``accumulator_rows``
+    rows of logits; when every row fits in a chunk plus that many, they go in one block instead, which
+    needs no more memory and skips the accumulation and the final conversion.
+    """
     budget = LOGITS_BUDGET_BYTES
     if device.type == "cuda":
         budget = min(budget, torch.cuda.mem_get_info(device)[0] // 4)
     fitting_rows = max(1, budget // (vocab * itemsize))
-    return min(max(DEFAULT_CHUNK_ROWS, largest_pair_rows), fitting_rows)
+    rows = max(DEFAULT_CHUNK_ROWS, largest_pair_rows)
+    if total_rows <= rows + accumulator_rows:
+        rows = total_rows
+    return min(rows, fitting_rows)
+
+
+def accumulator_rows(hidden_size: int, itemsize: int, fp32_weight_grad: bool) -> int:
+    """Rows of logits (V entries of ``itemsize`` bytes each) that take the memory a float32 dW accumulator
+    needs beyond dW itself (V×H×(4 − itemsize) bytes); 0 when dW accumulates in its own dtype."""
+    if not fp32_weight_grad or itemsize >= 4:
+        return 0
+    return hidden_size * (4 - itemsize) // itemsize
 
 
 def _mm(a, b, out_dtype=torch.float32):
@@ -94,6 +112,7 @@ def _addmm_(acc, a, b):
 
 @dataclass
 class _Block:
+    span: tuple  # (start, end) of its rows in the row order
     rows: torch.Tensor  # (C,) flattened token index of each row
     x: torch.Tensor  # (C, H) the rows of hidden
     logits: torch.Tensor  # (C, V) view of the chunk buffer
@@ -122,24 +141,33 @@ class ChunkedORPO:
         self.nll_tokens = counts.nll_tokens
         self.nll_coef = -1.0 / counts.nll_tokens if compute_nll_loss else 0.0  # dL/dlogp of each NLL token
 
-        # Rows in pair order (chosen i, then rejected i), without the tokens no target needs.
-        pair_order = torch.arange(tokens, device=device).view(2, self.pairs, seq).transpose(0, 1).reshape(-1)
-        self.dropped = sum(counts.kept_per_seq) < tokens
-        if self.dropped:
-            self.kept_mask = counts.target_valid | counts.nll_valid
-            pair_order = pair_order[self.kept_mask.view(-1)[pair_order]]
-        self.row_tokens = pair_order
-        # A (B*T, H) view of hidden for fast row gathers, when its strides allow one.
-        self.hidden_rows = hidden.view(tokens, hidden_size) if hidden.stride(1) == hidden_size * hidden.stride(2) \
-            and hidden.stride(0) == seq * hidden.stride(1) else None
+        kept_rows = sum(counts.kept_per_seq)
+        self.dropped = kept_rows < tokens
         pair_rows = [counts.kept_per_seq[i] + counts.kept_per_seq[i + self.pairs] for i in range(self.pairs)]
-
-        chunk_rows = chunk_size or auto_chunk_rows(max(pair_rows), vocab, hidden.element_size(), device)
+        extra_rows = accumulator_rows(hidden_size, hidden.element_size(), fp32_weight_grad) if self.grad_weight else 0
+        chunk_rows = chunk_size or auto_chunk_rows(max(pair_rows), kept_rows, vocab, hidden.element_size(),
+                                                   device, extra_rows)
         if self.needs_grad:
             self.groups = plan_chunks(pair_rows, chunk_rows)
         else:  # statistics need no whole pairs
-            total = len(pair_order)
-            self.groups = [ChunkGroup(0, 0, [(r, min(r + chunk_rows, total))]) for r in range(0, total, chunk_rows)]
+            self.groups = [ChunkGroup(0, 0, [(r, min(r + chunk_rows, kept_rows))]) for r in range(0, kept_rows, chunk_rows)]
+
+        # A (B*T, H) view of hidden for fast row gathers, when its strides allow one.
+        self.hidden_rows = hidden.view(tokens, hidden_size) if hidden.stride(1) == hidden_size * hidden.stride(2) \
+            and hidden.stride(0) == seq * hidden.stride(1) else None
+        # The order of the rows: a group needs its pairs' rows together, in any order. When no token is
+        # dropped and one group holds every pair (or no pairs are needed), token order serves: each block
+        # is then a range of hidden's rows, read in place, and its dX rows are written in place.
+        self.token_order = not self.dropped and self.hidden_rows is not None and \
+            (not self.needs_grad or len(self.groups) == 1)
+        if self.token_order:
+            self.row_tokens = torch.arange(tokens, device=device)
+        else:  # pair order (chosen i, then rejected i), without the tokens no target needs
+            pair_order = torch.arange(tokens, device=device).view(2, self.pairs, seq).transpose(0, 1).reshape(-1)
+            if self.dropped:
+                self.kept_mask = counts.target_valid | counts.nll_valid
+                pair_order = pair_order[self.kept_mask.view(-1)[pair_order]]
+            self.row_tokens = pair_order
         largest_block = max(end - start for g in self.groups for start, end in g.blocks)
         self.buffer = torch.empty(largest_block, vocab, device=device, dtype=dtype)
 
@@ -179,24 +207,28 @@ class ChunkedORPO:
             for i, span in enumerate(reversed(group.blocks)):
                 if i > 0:
                     block = self._logits(span)
-                if group is self.groups[-1] and i == len(group.blocks) - 1:
+                if self.single_block:
                     self.pending = block  # finished in backward, where the upstream gradient is known
                 else:
                     self._block_grads(block)
-        if not self.needs_grad:
+        if self.pending is None:  # the buffer is needed no longer
             self.buffer = None
         return self._metrics()
 
     def _logits(self, span) -> _Block:
         rows = self.row_tokens[span[0]:span[1]]
-        x = self.hidden_rows.index_select(0, rows) if self.hidden_rows is not None else \
-            self.hidden[rows // self.seq, rows % self.seq]
+        if self.token_order:
+            x = self.hidden_rows[span[0]:span[1]]
+        elif self.hidden_rows is not None:
+            x = self.hidden_rows.index_select(0, rows)
+        else:
+            x = self.hidden[rows // self.seq, rows % self.seq]
         logits = self.buffer[: len(rows)]
         if self.bias is None:
             torch.mm(x, self.weight.t(), out=logits)
         else:
             torch.addmm(self.bias, x, self.weight.t(), out=logits)
-        return _Block(rows, x, logits, self.target[rows], self.nll_target[rows])
+        return _Block(span, rows, x, logits, self.target[rows], self.nll_target[rows])
 
     def _stats_args(self, block: _Block) -> dict:
         return dict(logits=block.logits, target=block.target, nll_target=block.nll_target, token=block.rows,
@@ -207,18 +239,16 @@ class ChunkedORPO:
                                     self.pair_loss, first_pair=first_pair, end_pair=end_pair, seq_len=self.seq,
                                     beta=self.beta)
 
-    def _block_grads(self, block: _Block, grad_scale=None, upstream=None) -> None:
-        """Turn the block's logits into G = dL/dlogits (times ``grad_scale``) and add its dX rows, dW and
-        dbias; ``upstream`` scales the dX rows alone (dW and dbias take it in backward())."""
+    def _block_grads(self, block: _Block, grad_scale=None) -> None:
+        """Turn the block's logits into G = dL/dlogits (times ``grad_scale``) and add its dX rows, dW and dbias."""
         kernels.row_grads(block.logits, block.target, block.nll_target, block.rows, self.logp, self.nll_logp,
                           self.lse, self.seq_coef, nll_coef=self.nll_coef, seq_len=self.seq, grad_scale=grad_scale)
         grad = block.logits
         if self.grad_hidden:
-            if upstream is None:
-                dx_rows = torch.mm(grad, self.weight)
+            if self.token_order:
+                torch.mm(grad, self.weight, out=self.dx[block.span[0]:block.span[1]])
             else:
-                dx_rows = torch.mul(_mm(grad, self.weight), upstream, out=torch.empty_like(block.x))
-            self.dx.index_copy_(0, block.rows, dx_rows)
+                self.dx.index_copy_(0, block.rows, torch.mm(grad, self.weight))
         if self.grad_weight:
             if self.single_block:  # the whole dW in one GEMM, in the weight's dtype
                 self.dw = torch.mm(grad.t(), block.x)
@@ -262,10 +292,8 @@ class ChunkedORPO:
         grad_loss = grad_loss.float()
         if self.single_block:  # the upstream gradient goes into G itself: every gradient comes out scaled
             self._block_grads(self.pending, grad_scale=grad_loss)
-        else:  # earlier blocks are done unscaled: scale their dX rows and, below, the dW and dbias sums
-            if self.dx is not None:
-                self.dx.mul_(grad_loss)
-            self._block_grads(self.pending, upstream=grad_loss)
+        elif self.dx is not None:  # the blocks were done unscaled: scale dX here and, below, the dW and dbias sums
+            self.dx.mul_(grad_loss)
         self.pending = self.buffer = None
         dw = self.dw
         if dw is not None and not self.single_block:

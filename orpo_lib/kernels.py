@@ -104,6 +104,13 @@ def _expm1(x):
 
 
 @triton.jit
+def _target_columns(grad, cols, target, nll_target, target_grad, nll_grad):
+    # the two target columns of a block of G; the target's last, as it holds the y' = y case
+    grad = tl.where(cols == nll_target, nll_grad, grad)
+    return tl.where(cols == target, target_grad, grad)
+
+
+@triton.jit
 def row_grads_kernel(
     logits_ptr,  # (C, V) chunk of logits, rewritten in place into dL/dlogits
     stride_row,
@@ -146,15 +153,12 @@ def row_grads_kernel(
         x = tl.load(row_ptr + start + offs)
         grad = neg_s * tl.exp(x.to(tl.float32) - lse)
         if ((target >= start) & (target < start + BLOCK_V)) | ((nll_target >= start) & (nll_target < start + BLOCK_V)):
-            grad = tl.where(start + offs == nll_target, nll_grad, grad)
-            grad = tl.where(start + offs == target, target_grad, grad)  # last: it holds the y' = y case
+            grad = _target_columns(grad, start + offs, target, nll_target, target_grad, nll_grad)
         tl.store(row_ptr + start + offs, grad.to(out_dtype))
     cols = tail + offs
     in_row = cols < V
     x = tl.load(row_ptr + cols, mask=in_row, other=0.0)
-    grad = neg_s * tl.exp(x.to(tl.float32) - lse)
-    grad = tl.where(cols == nll_target, nll_grad, grad)
-    grad = tl.where(cols == target, target_grad, grad)
+    grad = _target_columns(neg_s * tl.exp(x.to(tl.float32) - lse), cols, target, nll_target, target_grad, nll_grad)
     tl.store(row_ptr + cols, grad.to(out_dtype), mask=in_row)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused import DEFAULT_CHUNK_ROWS, auto_chunk_rows
+from .fused import DEFAULT_CHUNK_ROWS, accumulator_rows, auto_chunk_rows
 
 GIB = 2**30
 FP32_BYTES = 4
@@ -46,27 +46,36 @@ class Chunking:
     passes: int  # 1, or 2 when a pair is larger than a chunk and most of its logits are computed twice
 
 
-def chunk_row_limit(seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2) -> int:
-    """The most token rows whose logits may exist at once (the library's rule, without its free-memory cap)."""
+def chunk_row_limit(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2,
+                    hidden: int = 0, dw_fp32: bool = True) -> int:
+    """The most token rows whose logits may exist at once (the library's rule, without its free-memory cap).
+
+    With ``hidden``, the default takes every row as one block when that needs no more memory than
+    chunks with a float32 dW accumulator (``dw_fp32``); without it, that rule is left out.
+    """
     if chunk_size is not None:
         return int(chunk_size)
+    extra_rows = accumulator_rows(hidden, dtype_bytes, dw_fp32)
     if not vocab:
-        return max(DEFAULT_CHUNK_ROWS, 2 * seq)
-    return auto_chunk_rows(2 * seq, vocab, dtype_bytes, torch.device("cpu"))
+        rows = max(DEFAULT_CHUNK_ROWS, 2 * seq)
+        return batch * seq if batch * seq <= rows + extra_rows else rows
+    return auto_chunk_rows(2 * seq, batch * seq, vocab, dtype_bytes, torch.device("cpu"), extra_rows)
 
 
-def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2) -> Chunking:
-    """Chunk geometry of the fused loss with every token counted (no ignored positions).
+def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2, *,
+             hidden: int = 0, dw_fp32: bool = True) -> Chunking:
+    """Chunk geometry of the fused loss (with gradients) with every token counted (no ignored positions).
 
     ``chunk_size=None`` is the library default: ``DEFAULT_CHUNK_ROWS`` or one whole pair if that is
-    longer, capped so the buffer stays within ``LOGITS_BUDGET_BYTES`` (pass ``vocab`` for the cap;
-    on a GPU the library also caps it at a quarter of free memory, which this model ignores).
+    longer, or every row when they fit in that plus the rows a float32 dW accumulator would cost
+    (pass ``hidden``), capped so the buffer stays within ``LOGITS_BUDGET_BYTES`` (pass ``vocab`` for
+    the cap; on a GPU the library also caps it at a quarter of free memory, which this model ignores).
     """
     if batch % 2:
         raise ValueError(f"batch must be even (chosen half, rejected half), got {batch}")
     pairs = batch // 2
     pair_rows = 2 * seq
-    limit = chunk_row_limit(seq, chunk_size, vocab, dtype_bytes)
+    limit = chunk_row_limit(batch, seq, chunk_size, vocab, dtype_bytes, hidden, dw_fp32)
     if limit >= pair_rows:
         pairs_per_chunk = min(pairs, limit // pair_rows)
         return Chunking(rows=pairs_per_chunk * pair_rows, count=math.ceil(pairs / pairs_per_chunk), passes=1)
@@ -78,23 +87,20 @@ def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0
 
 def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, with_grad):
     tokens = batch * seq
-    chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes)
+    chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes, hidden=hidden, dw_fp32=dw_fp32)
     buffer = chunk.rows * vocab * dtype_bytes
     gathered_rows = chunk.rows * hidden * dtype_bytes  # hidden[rows] copied out for the GEMMs
     token_state = tokens * FUSED_TOKEN_STATE_BYTES
     if not with_grad:
         # Without gradients the chunks need not hold whole pairs.
-        rows = min(tokens, chunk_row_limit(seq, chunk_size, vocab, dtype_bytes))
+        rows = min(tokens, chunk_row_limit(batch, seq, chunk_size, vocab, dtype_bytes))
         return [("chunk loop", {"chunk_logits": rows * vocab * dtype_bytes, "gathered_rows": rows * hidden * dtype_bytes,
                                 "token_state": token_state})]
     dx = tokens * hidden * dtype_bytes
     dw = vocab * hidden * dtype_bytes
-    # The chunk's dX rows come out of the GEMM in the input dtype and stay alive through the dW GEMM;
-    # the last chunk of several comes out in fp32 first, to take the upstream gradient.
-    dx_gemm = {"chunk_logits": buffer, "gathered_rows": gathered_rows, "chunk_dx_rows": gathered_rows}
-    if chunk.count > 1:
-        dx_gemm["chunk_dx_fp32"] = chunk.rows * hidden * FP32_BYTES
-    dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows, "chunk_dx_rows": gathered_rows}
+    dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows}
+    # the chunk's dX rows come out of the GEMM in the input dtype before they are copied into dX
+    dx_gemm = {**dw_operand, "chunk_dx_rows": gathered_rows}
     if chunk.count == 1:
         # One chunk: its dX and dW GEMMs wait for backward; dW is produced once, in the weight dtype.
         return [

@@ -62,7 +62,7 @@ def show_memory(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int =
     rows_limit = chunk_rows or None
     dtype_bytes = DTYPE_BYTES[dtype]
     table = memory_table(batch, seq, hidden, vocab, rows_limit, dtype_bytes)
-    chunk = memory.chunking(batch, seq, rows_limit, vocab, dtype_bytes)
+    chunk = memory.chunking(batch, seq, rows_limit, vocab, dtype_bytes, hidden=hidden)
     print(f"{dtype}, B={batch} T={seq} H={hidden} V={vocab}: fused chunks of {chunk.rows} rows × {chunk.count}, "
           f"{'two passes (logits recomputed)' if chunk.passes == 2 else 'one pass'}")
     print(format_table(table, ["impl", "peak", "phase", "largest_part"]))

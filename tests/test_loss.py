@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import orpo_lib
-from orpo_lib.fused import plan_chunks
+from orpo_lib.fused import ChunkedORPO, plan_chunks
+from orpo_lib.validation import count_tokens
 from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
 
 METRICS = ["nll_loss", "or_loss", "chosen_logps", "rejected_logps", "log_odds_ratio", "log_odds_chosen",
@@ -105,6 +106,30 @@ def test_upstream_gradient_scales_every_gradient():
         _, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=-2.5, chunk_size=chunk_size)
         for name, grad in ref_grads.items():
             assert rel_err(grads[name], -2.5 * grad) < 2e-5, (name, chunk_size)
+
+
+@pytest.mark.parametrize("batch,chunk_size,token_order", [
+    (2, None, True),  # one block
+    (2, 5, True),  # one pair in three blocks (two passes)
+    (4, None, True),  # two pairs in one block
+    (4, 14, False),  # a group per pair
+    (6, 5, False),  # a group per pair, each in three blocks
+])
+def test_every_token_kept_in_token_or_pair_order(batch, chunk_size, token_order):
+    """With no token dropped, one group of every pair reads hidden's rows and writes dX's in place
+    (token order); several groups gather and scatter rows in pair order. Same results either way."""
+    problem = make_problem(batch, 7, 48, 517, ignored_fraction=0.0, with_bias=True, seed=batch + (chunk_size or 0))
+    counts = count_tokens(problem["target"], None, 517, -100, True)
+    run = ChunkedORPO(problem["hidden"], problem["weight"], problem["bias"], counts, beta=0.1, compute_nll_loss=True,
+                      chunk_size=chunk_size, fp32_weight_grad=True, needs_grad=(True, True, True))
+    assert run.token_order == token_order
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=0.75, chunk_size=chunk_size)
+    assert_matches_reference(out, {k: g / 0.75 for k, g in grads.items()}, ref, ref_grads, TOLERANCE[torch.float32])
+    with torch.no_grad():  # without gradients the chunks need no whole pairs: token order, any chunk size
+        eval_out = orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"],
+                                                   problem["bias"], chunk_size=chunk_size)
+    assert rel_err(eval_out.loss, ref["loss"].detach()) < TOLERANCE[torch.float32]
 
 
 def test_non_contiguous_hidden():

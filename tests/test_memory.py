@@ -24,8 +24,8 @@ def test_baseline_at_16x4096_is_about_110_gib_for_the_seed_reference():
 def test_fused_default_multi_chunk_by_hand():
     batch, seq = 16, 4096
     tokens, rows = batch * seq, 2 * seq  # one pair per chunk: 8192 rows
-    # buffer, gathered rows, the last chunk's dX rows in fp32 and in bf16, fp32 dW, dX, per-token state
-    chunk_loop = rows * V * 2 + rows * H * 2 + rows * H * 4 + rows * H * 2 + V * H * 4 + tokens * H * 2 + tokens * 32
+    # buffer, gathered rows, the chunk's dX rows, fp32 dW, dX, per-token state
+    chunk_loop = rows * V * 2 + rows * H * 2 + rows * H * 2 + V * H * 4 + tokens * H * 2 + tokens * 32
     dw_cast = V * H * 4 + V * H * 2 + tokens * H * 2 + tokens * 32
     assert sum(memory.peak_bytes("fused", batch, seq, H, V).values()) == max(chunk_loop, dw_cast)
     assert memory.peak_phase("fused", batch, seq, H, V) == "chunk dX GEMM"
@@ -35,7 +35,7 @@ def test_fused_single_chunk_by_hand():
     batch, seq = 2, 1024
     tokens = rows = batch * seq
     dx_gemm = rows * V * 2 + rows * H * 2 + rows * H * 2 + tokens * H * 2 + tokens * 32
-    dw_gemm = rows * V * 2 + 2 * rows * H * 2 + V * H * 2 + tokens * H * 2 + tokens * 32
+    dw_gemm = rows * V * 2 + rows * H * 2 + V * H * 2 + tokens * H * 2 + tokens * 32
     expected = max(dx_gemm, dw_gemm)
     assert sum(memory.peak_bytes("fused", batch, seq, H, V).values()) == expected
 
@@ -47,15 +47,27 @@ def test_lean_is_bounded_by_weight_gradient_not_logits():
     assert memory.peak_gib("fused_lean", 16, 4096, H, V) < memory.peak_gib("fused", 16, 4096, H, V) / 2
 
 
+def test_one_block_when_it_costs_no_more_than_a_float32_accumulator():
+    """8×1024 (8192 rows) fits in a 4096-row chunk plus the 4096 rows of logits that an fp32 dW
+    accumulator would cost at H = 4096: one block, same peak; 16×1024 does not."""
+    assert memory.chunking(8, 1024, None, V, 2, hidden=H) == memory.Chunking(rows=8192, count=1, passes=1)
+    assert memory.peak_gib("fused", 8, 1024, H, V) <= memory.peak_gib("fused", 8, 1024, H, V, chunk_rows=4096)
+    assert memory.chunking(16, 1024, None, V, 2, hidden=H).count == 4
+    # without a float32 accumulator (weight-dtype dW, or fp32 weights) there is nothing to trade
+    assert memory.chunking(8, 1024, None, V, 2, hidden=H, dw_fp32=False).count == 2
+    assert memory.chunking(8, 1024, None, V, 4, hidden=H).count == 2
+
+
 @pytest.mark.parametrize("batch,seq,chunk_size", [
-    (2, 1024, None), (16, 1024, None), (8, 1536, None), (16, 4096, None), (4, 300, None),
+    (2, 1024, None), (8, 1024, None), (16, 1024, None), (8, 1536, None), (16, 4096, None), (4, 300, None),
     (8, 4096, 1024), (4, 1024, 2048), (6, 100, 450), (2, 32768, None),
 ])
 def test_chunking_matches_the_library(batch, seq, chunk_size):
     pair_rows = [2 * seq] * (batch // 2)
-    rows = chunk_size or fused.auto_chunk_rows(2 * seq, V, 2, __import__("torch").device("cpu"))
+    rows = chunk_size or fused.auto_chunk_rows(2 * seq, batch * seq, V, 2, __import__("torch").device("cpu"),
+                                               fused.accumulator_rows(H, 2, True))
     groups = fused.plan_chunks(pair_rows, rows)
-    model = memory.chunking(batch, seq, chunk_size, V, 2)
+    model = memory.chunking(batch, seq, chunk_size, V, 2, hidden=H)
     assert model.rows == max(end - start for g in groups for start, end in g.blocks)
     assert model.count == sum(len(g.blocks) for g in groups)
     assert model.passes == (2 if any(len(g.blocks) > 1 for g in groups) else 1)

@@ -86,7 +86,7 @@ def check_memory_view(notebook, shape: dict, chunk_rows: int) -> str:
 
     text = notebook.output_text(MEMORY_CONTROLS["batch"])
     b, t, h, v = shape["batch"], shape["seq"], shape["hidden"], shape["vocab"]
-    chunk = memory.chunking(b, t, chunk_rows or None, v)
+    chunk = memory.chunking(b, t, chunk_rows or None, v, hidden=h)
     header = f"B={b} T={t} H={h} V={v}: fused chunks of {chunk.rows} rows × {chunk.count}"
     assert header in text, f"expected {header!r} in the view:\n{text}"
 
