@@ -8,8 +8,9 @@ shapes; in ``eval`` mode only the logits GEMM), ``baseline`` (materialising, TRL
 (this library, default settings), ``fused_lean`` (small chunks, two-pass, dW accumulated in the
 weight dtype), ``liger`` (Liger-Kernel's fused ORPO, when importable). Modes: ``forward``, ``full``
 (forward + backward), ``eval`` (forward under no_grad). Times are CUDA-event medians after
-warm-up, the providers' repetitions interleaved so that the GPU's clock drift weighs on all alike;
-memory is the peak allocated during the call, absolute and over what was allocated before.
+warm-up, the providers' repetitions interleaved in a shuffled order, so that the GPU's clock drift
+weighs on all alike; memory is the peak allocated during the call, absolute and over what was
+allocated before.
 """
 
 import argparse
@@ -17,6 +18,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -260,15 +262,18 @@ def measure_interleaved(jobs, mode, w, inputs, device, *, warmup, reps) -> list:
     chunk_size, make_run) triples, ``make_run`` None for ``PROVIDERS[provider]``.
 
     The providers take turns: the peak memory of each, the warm-up of each, then rep 1 of each, rep 2
-    of each, ...: the GPU's clocks drift over a run (power, heat), and interleaved repetitions share
-    that drift, so the ratios between providers hold steady from run to run.
+    of each, ..., each round in a new (seeded) order. The GPU's clocks drift over a run and depend on
+    what ran just before (power, heat): interleaved repetitions share the drift, and the changing
+    order gives no provider a fixed predecessor, so the ratios between providers hold steady.
     """
     results = [Result(provider, mode, w.batch, w.seq, w.hidden, w.vocab, w.dtype, w.mask, chunk_size)
                for provider, chunk_size, _ in jobs]
     pending = [(result, _measurement(result, make_run, w, inputs, device, warmup, reps))
                for result, (_, _, make_run) in zip(results, jobs)]
+    order = random.Random(0)
     try:
         while pending:  # one round: the next step of every provider still measuring
+            order.shuffle(pending)
             pending = [(result, steps) for result, steps in pending if _step(result, steps, inputs, device)]
     finally:
         _release(inputs, device)

@@ -228,7 +228,8 @@ class ChunkedORPO:
             torch.mm(x, self.weight.t(), out=logits)
         else:
             torch.addmm(self.bias, x, self.weight.t(), out=logits)
-        return _Block(span, rows, x, logits, self.target[rows], self.nll_target[rows])
+        rows_of = slice(*span) if self.token_order else rows  # a view in token order, a gather otherwise
+        return _Block(span, rows, x, logits, self.target[rows_of], self.nll_target[rows_of])
 
     def _stats_args(self, block: _Block) -> dict:
         return dict(logits=block.logits, target=block.target, nll_target=block.nll_target, token=block.rows,

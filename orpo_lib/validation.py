@@ -88,6 +88,7 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
         raise ValueError("the tensors are on the CPU, but the Triton kernels were compiled for the GPU: move them "
                          "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
     target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore_index, compute_nll_loss)
+    tokens_per_seq = stats[:, 0].float()  # queued before the transfer waits for the device
     per_seq, kept, nll_per_seq, bad_target, bad_nll = stats.t().tolist()
     if sum(bad_target):
         raise ValueError(
@@ -109,4 +110,4 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
             f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
             " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
         )
-    return TokenCounts(target_ids, nll_ids, stats[:, 0].float(), kept, sum(nll_per_seq))
+    return TokenCounts(target_ids, nll_ids, tokens_per_seq, kept, sum(nll_per_seq))
