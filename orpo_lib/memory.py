@@ -89,18 +89,19 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
     tokens = batch * seq
     chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes, hidden=hidden, dw_fp32=dw_fp32)
     buffer = chunk.rows * vocab * dtype_bytes
-    gathered_rows = chunk.rows * hidden * dtype_bytes  # hidden[rows] copied out for the GEMMs
     token_state = tokens * FUSED_TOKEN_STATE_BYTES
     if not with_grad:
-        # Without gradients the chunks need not hold whole pairs.
+        # Without gradients the chunks need not hold whole pairs, and read hidden's rows in place.
         rows = min(tokens, chunk_row_limit(batch, seq, chunk_size, vocab, dtype_bytes))
-        return [("chunk loop", {"chunk_logits": rows * vocab * dtype_bytes, "gathered_rows": rows * hidden * dtype_bytes,
-                                "token_state": token_state})]
+        return [("chunk loop", {"chunk_logits": rows * vocab * dtype_bytes, "token_state": token_state})]
+    # With every token kept, one group of every pair reads hidden's rows and writes dX's in place (token
+    # order); several groups copy their rows out for the GEMMs and their dX rows back.
+    one_group = chunk.count == 1 or batch == 2
+    gathered_rows = 0 if one_group else chunk.rows * hidden * dtype_bytes
     dx = tokens * hidden * dtype_bytes
     dw = vocab * hidden * dtype_bytes
     dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows}
-    # the chunk's dX rows come out of the GEMM in the input dtype before they are copied into dX
-    dx_gemm = {**dw_operand, "chunk_dx_rows": gathered_rows}
+    dx_gemm = {**dw_operand, "chunk_dx_rows": gathered_rows}  # the chunk's dX rows, before they go into dX
     if chunk.count == 1:
         # One chunk: its dX and dW GEMMs wait for backward; dW is produced once, in the weight dtype.
         return [

@@ -71,7 +71,8 @@ def test_timed_repetitions_take_turns_and_a_failing_provider_drops_out(monkeypat
 
     make_fused = bench.PROVIDERS["fused"]
     monkeypatch.setitem(bench.PROVIDERS, "floor", logged("floor", bench.PROVIDERS["floor"]))
-    monkeypatch.setitem(bench.PROVIDERS, "broken", logged("broken", make_fused, fail_on_call=2))  # its first timed call
+    # a closure is built for the peak and again for the timing: call 2 of the second is the first timed one
+    monkeypatch.setitem(bench.PROVIDERS, "broken", logged("broken", make_fused, fail_on_call=2))
     monkeypatch.setitem(bench.PROVIDERS, "oom", out_of_memory)
     monkeypatch.setitem(bench.PROVIDERS, "fused", logged("fused", make_fused))
     w = bench.Workload(2, 4, 16, 50, "fp32")
@@ -79,11 +80,12 @@ def test_timed_repetitions_take_turns_and_a_failing_provider_drops_out(monkeypat
     jobs = [(p, None, None) for p in ("floor", "broken", "oom", "fused")]
     floor, broken, oom, fused = bench.measure_interleaved(jobs, "full", w, inputs, torch.device("cpu"),
                                                           warmup=1, reps=3)
-    # On the CPU peak_memory makes no call: one warm-up each, then the timed calls in rounds, each
-    # round every provider still measuring once, in a shuffled order.
-    rounds = [calls[0:3], calls[3:6], calls[6:8], calls[8:10]]
-    assert len(calls) == 10 and [sorted(r) for r in rounds] == [["broken", "floor", "fused"]] * 2 + [["floor", "fused"]] * 2
-    assert len({tuple(r) for r in rounds[:2]} | {tuple(r) for r in rounds[2:]}) > 2  # not one fixed order
+    # Rounds of one call per provider still measuring, each in a shuffled order: the first call before
+    # the peak (on the CPU peak_memory itself makes none), the warm-up, then the timed calls.
+    rounds = [calls[0:3], calls[3:6], calls[6:9], calls[9:11], calls[11:13]]
+    assert len(calls) == 13
+    assert [sorted(r) for r in rounds] == [["broken", "floor", "fused"]] * 3 + [["floor", "fused"]] * 2
+    assert len({tuple(r) for r in rounds[:3]} | {tuple(r) for r in rounds[3:]}) > 2  # not one fixed order
     assert broken.status == "error" and "kernel failed" in broken.error and broken.median_ms is None
     assert oom.status == "oom" and "110.00 GiB" in oom.error and oom.median_ms is None
     for r in (floor, fused):
