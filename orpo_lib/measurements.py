@@ -345,14 +345,16 @@ def time_findings(record: BenchRecord, target: float = 1.05) -> list[str]:
                      f"{', '.join(met) or 'none'}.")
     no_grad = floor_ratios(record, mode="eval")
     if no_grad:
+        met = [_shape_text(r) for r in no_grad if round(r["x_floor"], 2) <= target]
         low, high = min(r["x_floor"] for r in no_grad), max(r["x_floor"] for r in no_grad)
         tflops = floor_tflops(record)
         hidden = no_grad[0]["hidden"]
         share = logit_read_share(tflops, memory.H200_ROW_KERNEL_TBPS, hidden)
-        lines.append(f"Fused forward without gradients: {low:.3f}× to {high:.3f}× the logits GEMM; target ≤{target:.2f} out of reach "
-                     f"after a cuBLAS GEMM: at the GEMM's measured {tflops:.0f} TFLOP/s and {memory.H200_ROW_KERNEL_TBPS} TB/s, "
-                     f"one 2-byte read per logit costs {100 * share:.1f}% of its 2·H={2 * hidden} FLOPs; only statistics fused "
-                     f"into the GEMM epilogue avoid it.")
+        lines.append(f"Fused forward without gradients: {low:.3f}× to {high:.3f}× the logits GEMM; target ≤{target:.2f} met "
+                     f"(at two decimals) only at {', '.join(met) or 'none'}. At the GEMM's measured {tflops:.0f} TFLOP/s and "
+                     f"{memory.H200_ROW_KERNEL_TBPS} TB/s, the statistics pass (one 2-byte read per logit) costs "
+                     f"{100 * share:.1f}% of its 2·H={2 * hidden} FLOPs: a lower ratio means the chunked GEMMs ran faster "
+                     f"than the floor's single one.")
     lean = floor_ratios(record, mode="full", provider="fused_lean")
     if lean:
         largest = max(lean, key=lambda r: r["batch"] * r["seq"])
