@@ -77,10 +77,13 @@ def auto_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsiz
     if device.type == "cuda":
         budget = min(budget, torch.cuda.mem_get_info(device)[0] // 4)
     fitting_rows = max(1, budget // (vocab * itemsize))
+    return min(wanted_chunk_rows(largest_pair_rows, total_rows, accumulator_rows), fitting_rows)
+
+
+def wanted_chunk_rows(largest_pair_rows: int, total_rows: int, accumulator_rows: int = 0) -> int:
+    """``auto_chunk_rows`` before any memory cap."""
     rows = max(DEFAULT_CHUNK_ROWS, largest_pair_rows)
-    if total_rows <= rows + accumulator_rows:
-        rows = total_rows
-    return min(rows, fitting_rows)
+    return total_rows if total_rows <= rows + accumulator_rows else rows
 
 
 def accumulator_rows(hidden_size: int, itemsize: int, fp32_weight_grad: bool) -> int:

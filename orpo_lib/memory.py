@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused import DEFAULT_CHUNK_ROWS, accumulator_rows, auto_chunk_rows
+from .fused import accumulator_rows, auto_chunk_rows, wanted_chunk_rows
 
 GIB = 2**30
 FP32_BYTES = 4
@@ -57,8 +57,7 @@ def chunk_row_limit(batch: int, seq: int, chunk_size: int | None = None, vocab: 
         return int(chunk_size)
     extra_rows = accumulator_rows(hidden, dtype_bytes, dw_fp32)
     if not vocab:
-        rows = max(DEFAULT_CHUNK_ROWS, 2 * seq)
-        return batch * seq if batch * seq <= rows + extra_rows else rows
+        return wanted_chunk_rows(2 * seq, batch * seq, extra_rows)
     return auto_chunk_rows(2 * seq, batch * seq, vocab, dtype_bytes, torch.device("cpu"), extra_rows)
 
 
