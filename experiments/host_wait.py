@@ -14,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-from orpo_lib import fused  # noqa: E402
+from orpo_lib import bench, fused  # noqa: E402
 
 H, V = 4096, 128256
 
@@ -67,7 +67,11 @@ def main():
                    **{f"{name} at ms": statistics.median(times) for name, times in waits.items()}}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), "host-wait.json"), "w"), indent=1)
+    record = {"provenance": bench.provenance(torch.device("cuda"), "python3 experiments/host_wait.py",
+                                             os.environ.get("ORPO_COMMIT")), "results": rows}
+    with open(os.path.join(os.environ.get("OUT", "build"), "host-wait.json"), "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import torch
 from . import kernels
 from ._triton_mode import INTERPRET
 from .baseline import orpo_loss_baseline
-from .fused import _addmm_, _mm, fused_linear_orpo_loss
+from .fused import _addmm_, fused_linear_orpo_loss
 from .memory import LEAN_CHUNK_ROWS, fused_chunk_rows
 
 SEED_SHAPES = [(b, t) for t in (1024, 4096) for b in (2, 4, 8, 16)]
@@ -360,7 +360,6 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
         "copy (restores the chunk)": lambda: logits.copy_(snapshot),
         "row grads (read, write) + copy": row_grads,
         "dX GEMM": lambda: torch.mm(logits, weight),
-        "dX GEMM (fp32 out)": lambda: _mm(logits, weight),
         "dW GEMM (weight dtype out)": lambda: torch.mm(logits.t(), x),
         "dW GEMM (fp32 accumulate)": lambda: _addmm_(acc, logits.t(), x),
     }

@@ -138,9 +138,11 @@ class ChunkedORPO:
         device, dtype = hidden.device, hidden.dtype
         tokens = batch * seq
 
+        # Only what the first GEMM needs comes before it: the GPU has no work until then, so every host
+        # step here is time lost. The rest of the setup follows that GEMM (_allocate_outputs).
+        self.counts = counts
         self.target = counts.target_ids.view(-1)
         self.nll_target = counts.nll_ids.view(-1)
-        self.tokens_per_seq = counts.tokens_per_seq
         self.nll_tokens = counts.nll_tokens
         self.nll_coef = -1.0 / counts.nll_tokens if compute_nll_loss else 0.0  # dL/dlogp of each NLL token
 
@@ -154,6 +156,7 @@ class ChunkedORPO:
             self.groups = plan_chunks(pair_rows, chunk_rows)
         else:  # statistics need no whole pairs
             self.groups = [ChunkGroup(0, 0, [(r, min(r + chunk_rows, kept_rows))]) for r in range(0, kept_rows, chunk_rows)]
+        self.single_block = sum(len(g.blocks) for g in self.groups) == 1
 
         # A (B*T, H) view of hidden for fast row gathers, when its strides allow one.
         self.hidden_rows = hidden.view(tokens, hidden_size) if hidden.stride(1) == hidden_size * hidden.stride(2) \
@@ -163,9 +166,8 @@ class ChunkedORPO:
         # is then a range of hidden's rows, read in place, and its dX rows are written in place.
         self.token_order = not self.dropped and self.hidden_rows is not None and \
             (not self.needs_grad or len(self.groups) == 1)
-        if self.token_order:
-            self.row_tokens = torch.arange(tokens, device=device)
-        else:  # pair order (chosen i, then rejected i), without the tokens no target needs
+        self.row_tokens = None  # token order: made after the first GEMM, which reads hidden's rows in place
+        if not self.token_order:  # pair order (chosen i, then rejected i), without the tokens no target needs
             pair_order = torch.arange(tokens, device=device).view(2, self.pairs, seq).transpose(0, 1).reshape(-1)
             if self.dropped:
                 self.kept_mask = counts.target_valid | counts.nll_valid
@@ -173,27 +175,31 @@ class ChunkedORPO:
             self.row_tokens = pair_order
         largest_block = max(end - start for g in self.groups for start, end in g.blocks)
         self.buffer = torch.empty(largest_block, vocab, device=device, dtype=dtype)
+        self.logp = None  # the per-token and per-sequence outputs: _allocate_outputs
+        self.dw = None
+        self.dw_dtype = torch.float32 if fp32_weight_grad else dtype
+        self.pending = None
 
+    def _allocate_outputs(self) -> None:
+        """The rest of the setup, once the first GEMM keeps the GPU busy."""
+        tokens, device = self.batch * self.seq, self.hidden.device
+        if self.row_tokens is None:
+            self.row_tokens = torch.arange(tokens, device=device)
+        self.tokens_per_seq = self.counts.tokens_per_seq
         self.logp = torch.zeros(tokens, device=device, dtype=torch.float32)
         self.nll_logp = torch.zeros_like(self.logp)
         self.logit_sum = torch.zeros_like(self.logp)
         self.lse = torch.empty_like(self.logp)
         # Per sequence and per pair, from pair_terms_kernel.
-        self.seq_logp = torch.empty(batch, device=device, dtype=torch.float32)
-        self.seq_coef = torch.empty(batch, device=device, dtype=torch.float32)  # dL/dlogp of each of its tokens
+        self.seq_logp = torch.empty(self.batch, device=device, dtype=torch.float32)
+        self.seq_coef = torch.empty(self.batch, device=device, dtype=torch.float32)  # dL/dlogp of each of its tokens
         self.log_odds = torch.empty(self.pairs, device=device, dtype=torch.float64)
         self.pair_loss = torch.empty(self.pairs, device=device, dtype=torch.float64)
-
-        n_blocks = sum(len(g.blocks) for g in self.groups)
-        self.single_block = n_blocks == 1
         self.dx = None
         if self.grad_hidden:
             alloc = torch.zeros if self.dropped else torch.empty  # dropped rows get no gradient rows
-            self.dx = alloc(tokens, hidden_size, device=device, dtype=dtype)
-        self.dw = None
-        self.dw_dtype = torch.float32 if fp32_weight_grad else dtype
-        self.db = torch.zeros(vocab, device=device, dtype=torch.float32) if self.grad_bias else None
-        self.pending = None
+            self.dx = alloc(tokens, self.hidden.shape[2], device=device, dtype=self.hidden.dtype)
+        self.db = torch.zeros(self.weight.shape[0], device=device, dtype=torch.float32) if self.grad_bias else None
 
     # ---- forward -----------------------------------------------------------------------------
 
@@ -219,18 +225,21 @@ class ChunkedORPO:
         return self._metrics()
 
     def _logits(self, span) -> _Block:
-        rows = self.row_tokens[span[0]:span[1]]
         if self.token_order:
             x = self.hidden_rows[span[0]:span[1]]
         elif self.hidden_rows is not None:
-            x = self.hidden_rows.index_select(0, rows)
+            x = self.hidden_rows.index_select(0, self.row_tokens[span[0]:span[1]])
         else:
+            rows = self.row_tokens[span[0]:span[1]]
             x = self.hidden[rows // self.seq, rows % self.seq]
-        logits = self.buffer[: len(rows)]
+        logits = self.buffer[: span[1] - span[0]]
         if self.bias is None:
             torch.mm(x, self.weight.t(), out=logits)
         else:
             torch.addmm(self.bias, x, self.weight.t(), out=logits)
+        if self.logp is None:
+            self._allocate_outputs()
+        rows = self.row_tokens[span[0]:span[1]]
         rows_of = slice(*span) if self.token_order else rows  # a view in token order, a gather otherwise
         return _Block(span, rows, x, logits, self.target[rows_of], self.nll_target[rows_of])
 

@@ -68,8 +68,7 @@ def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: 
     """Launch ``label_stats_kernel``: int32 ids (-1 where a token does not count) and (B, 5) LABEL_STATS."""
     batch, seq = target.shape
     nll_target = target if nll_target is None else nll_target
-    target_ids = torch.empty(batch, seq, device=target.device, dtype=torch.int32)
-    nll_ids = torch.empty_like(target_ids)
+    target_ids, nll_ids = torch.empty(2, batch, seq, device=target.device, dtype=torch.int32)  # one allocation
     stats = torch.empty(batch, len(LABEL_STATS), device=target.device, dtype=torch.int32)
     label_stats_kernel[(batch,)](
         target, nll_target, target.stride(0), target.stride(1), nll_target.stride(0), nll_target.stride(1),

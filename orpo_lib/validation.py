@@ -69,9 +69,14 @@ class TokenCounts:
 
     target_ids: torch.Tensor  # (B, T) int32 odds-ratio target, -1 where the token does not count
     nll_ids: torch.Tensor  # (B, T) int32 NLL target, -1 where it does not count (and in the rejected half)
-    tokens_per_seq: torch.Tensor  # (B,) float32 on the device: odds-ratio tokens of each sequence
+    stats: torch.Tensor  # (B, 5) int32 on the device: the LABEL_STATS of each sequence
     kept_per_seq: list  # tokens that any target needs (the others cost no GEMM work)
     nll_tokens: int  # NLL tokens in the chosen half
+
+    @property
+    def tokens_per_seq(self) -> torch.Tensor:
+        """(B,) float32 on the device: the odds-ratio tokens of each sequence."""
+        return self.stats[:, 0].float()
 
     @property
     def target_valid(self) -> torch.Tensor:
@@ -88,7 +93,6 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
         raise ValueError("the tensors are on the CPU, but the Triton kernels were compiled for the GPU: move them "
                          "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
     target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore_index, compute_nll_loss)
-    tokens_per_seq = stats[:, 0].float()  # queued before the transfer waits for the device
     per_seq, kept, nll_per_seq, bad_target, bad_nll = stats.t().tolist()
     if sum(bad_target):
         raise ValueError(
@@ -110,4 +114,4 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
             f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
             " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
         )
-    return TokenCounts(target_ids, nll_ids, tokens_per_seq, kept, sum(nll_per_seq))
+    return TokenCounts(target_ids, nll_ids, stats, kept, sum(nll_per_seq))

@@ -132,6 +132,20 @@ def test_every_token_kept_in_token_or_pair_order(batch, chunk_size, token_order)
     assert rel_err(eval_out.loss, ref["loss"].detach()) < TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("ignored_fraction", [0.0, 0.25])
+def test_first_gemm_is_queued_before_the_rest_of_the_setup(monkeypatch, ignored_fraction):
+    """Until the first logits GEMM the GPU has no work: the per-token outputs are allocated after it."""
+    problem = make_problem(4, 7, 48, 517, ignored_fraction=ignored_fraction, seed=9)
+    steps = []
+    monkeypatch.setattr(torch, "mm", lambda *args, _mm=torch.mm, **kwargs: steps.append("mm") or _mm(*args, **kwargs))
+    allocate = ChunkedORPO._allocate_outputs
+    monkeypatch.setattr(ChunkedORPO, "_allocate_outputs", lambda self: steps.append("allocate") or allocate(self))
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+    assert steps[:2] == ["mm", "allocate"] and steps.count("allocate") == 1, steps
+    ref, ref_grads = reference_with_grads(problem)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+
+
 def test_non_contiguous_hidden():
     problem = make_problem(4, 7, 48, 517, seed=6)
     ref, ref_grads = reference_with_grads(problem)
