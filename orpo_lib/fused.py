@@ -306,14 +306,11 @@ class ChunkedORPO:
         if self.single_block:  # the upstream gradient goes into G itself: every gradient comes out scaled
             self._block_grads(self.pending, grad_scale=grad_loss)
         elif self.dx is not None:  # the blocks were done unscaled: scale dX here and, below, the dW and dbias sums
-            self.dx.mul_(grad_loss)
+            kernels.scale(self.dx, grad_loss, out=self.dx)
         self.pending = self.buffer = None
         dw = self.dw
-        if dw is not None and not self.single_block:
-            if dw.dtype == self.weight.dtype:
-                dw.mul_(grad_loss)
-            else:  # fold the upstream gradient into the float32 → weight dtype conversion
-                dw = torch.mul(self.dw, grad_loss, out=torch.empty_like(self.weight))
+        if dw is not None and not self.single_block:  # a float32 sum is cast to the weight dtype as it is scaled
+            dw = kernels.scale(dw, grad_loss, out=dw if dw.dtype == self.weight.dtype else torch.empty_like(self.weight))
         self.dw = None
         db = None
         if self.db is not None:

@@ -8,6 +8,9 @@ A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. T
   place into dL/dlogits (one read, one write), the target columns set from the precise float32
   log-probs. The same kernel serves logits recomputed in a second pass: it needs only the saved
   log-sum-exp.
+* ``scale_kernel`` — backward's upstream gradient on the finished sums: ``out = g·x`` in one pass,
+  the float32 dW sum cast to the weight dtype as it is stored. (torch's multiply by a 0-d device
+  tensor takes an unvectorised path: on the H200 it spent 2.4 ms on the 128256×4096 float32 dW.)
 """
 
 from dataclasses import dataclass
@@ -206,3 +209,21 @@ def row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef, 
         seq_coef if grad_scale is None else grad_scale, nll_coef, seq_len, vocab,
         HAS_GRAD_SCALE=grad_scale is not None, BLOCK_V=_block_v(vocab, launch), num_warps=launch.num_warps,
     )
+
+
+@triton.jit
+def scale_kernel(x_ptr, scale_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_range = offs < n
+    x = tl.load(x_ptr + offs, mask=in_range).to(tl.float32)
+    tl.store(out_ptr + offs, (x * tl.load(scale_ptr)).to(out_ptr.dtype.element_ty), mask=in_range)
+
+
+def scale(x, scale_by, out):
+    """``out = scale_by * x`` for contiguous tensors of the same shape (``out`` may be ``x``); ``scale_by`` is a
+    0-d float32 tensor; the product is formed in float32 and rounded once to ``out``'s dtype. Returns ``out``."""
+    if not (x.is_contiguous() and out.is_contiguous() and x.shape == out.shape):
+        raise ValueError("scale needs contiguous x and out of the same shape")
+    block = 4096
+    scale_kernel[(triton.cdiv(x.numel(), block),)](x, scale_by, out, x.numel(), BLOCK=block, num_warps=8)
+    return out

@@ -108,6 +108,24 @@ def test_upstream_gradient_scales_every_gradient():
             assert rel_err(grads[name], -2.5 * grad) < 2e-5, (name, chunk_size)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_scale_kernel_in_place_and_casting(out_dtype):
+    """Backward's upstream scale: one float32 product per element, rounded once to out's dtype, at a size
+    that is no multiple of the block."""
+    from orpo_lib import kernels
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(10007, generator=gen) * 3
+    g = torch.tensor(-0.37)
+    out = kernels.scale(x, g, out=torch.empty(10007, dtype=out_dtype))
+    assert out.dtype == out_dtype and torch.equal(out, (x * g).to(out_dtype))
+    y = x.to(out_dtype, copy=True)
+    expected = (y.float() * g).to(out_dtype)
+    assert kernels.scale(y, g, out=y) is y and torch.equal(y, expected)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.scale(x[::2], g, out=torch.empty(5004))
+
+
 @pytest.mark.parametrize("batch,chunk_size,token_order", [
     (2, None, True),  # one block
     (2, 5, True),  # one pair in three blocks (two passes)
