@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -452,6 +453,14 @@ def provenance(device, command, commit=None) -> dict:
     }
 
 
+def device_slug(device) -> str:
+    """A short name for record files: the GPU's model ("h200" for "NVIDIA H200"), or "cpu"."""
+    if device.type != "cuda":
+        return "cpu"
+    model = re.search(r"\b[A-Z]+\d+[A-Za-z]*\b", torch.cuda.get_device_name(device))
+    return model.group(0).lower() if model else "gpu"
+
+
 def parse_shapes(text):
     return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
 
@@ -545,7 +554,7 @@ def main(argv=None):
                               Workload(4, 1000, hidden, vocab, acc_dtype, mask="prompt-half"))]
 
     out = Path(args.out) if args.out else Path("figures/data") / (
-        f"bench-{datetime.date.today().isoformat()}-{'h200' if on_gpu else 'cpu'}.json")
+        f"bench-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     results = [Result(**{k: v for k, v in r.items()}) for r in record["results"]]

@@ -169,9 +169,10 @@ class ChunkedORPO:
         self.row_tokens = None  # token order: made after the first GEMM, which reads hidden's rows in place
         if not self.token_order:  # pair order (chosen i, then rejected i), without the tokens no target needs
             pair_order = torch.arange(tokens, device=device).view(2, self.pairs, seq).transpose(0, 1).reshape(-1)
-            if self.dropped:
+            if self.dropped:  # kept rows first, by a stable sort: their number is known, so no read-back
                 self.kept_mask = counts.target_valid | counts.nll_valid
-                pair_order = pair_order[self.kept_mask.view(-1)[pair_order]]
+                kept = self.kept_mask.view(-1)[pair_order].to(torch.uint8)  # (CUDA sorts bool only since torch 2.6)
+                pair_order = pair_order[torch.argsort(kept, descending=True, stable=True)[:kept_rows]]
             self.row_tokens = pair_order
         largest_block = max(end - start for g in self.groups for start, end in g.blocks)
         self.buffer = torch.empty(largest_block, vocab, device=device, dtype=dtype)
