@@ -238,7 +238,7 @@ class ChunkedORPO:
             torch.mm(x, self.weight.t(), out=logits)
         else:
             torch.addmm(self.bias, x, self.weight.t(), out=logits)
-        if self.logp is None:
+        if self.logp is None:  # the first GEMM is queued: the GPU is busy while the host finishes the setup
             self._allocate_outputs()
         rows = self.row_tokens[span[0]:span[1]]
         rows_of = slice(*span) if self.token_order else rows  # a view in token order, a gather otherwise
