@@ -311,7 +311,8 @@ class ChunkedORPO:
         self.pending = self.buffer = None
         dw = self.dw
         if dw is not None and not self.single_block:  # a float32 sum is cast to the weight dtype as it is scaled
-            dw = kernels.scale(dw, grad_loss, out=dw if dw.dtype == self.weight.dtype else torch.empty_like(self.weight))
+            out = dw if dw.dtype == self.weight.dtype else dw.new_empty(dw.shape, dtype=self.weight.dtype)
+            dw = kernels.scale(dw, grad_loss, out=out)
         self.dw = None
         db = None
         if self.db is not None:

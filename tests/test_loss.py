@@ -177,6 +177,23 @@ def test_non_contiguous_hidden():
     assert rel_err(weight.grad, ref_grads["weight"]) < 2e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_transposed_weight_over_several_chunks(dtype):
+    """A (V, H) weight that is the transpose of an (H, V) tensor, with dW summed over several chunks
+    (in float32 for fp16, then cast)."""
+    problem = make_problem(4, 7, 48, 517, dtype=dtype, seed=8)
+    ref, ref_grads = reference_with_grads(problem)
+    hidden = problem["hidden"].clone().requires_grad_()
+    weight = problem["weight"].t().contiguous().t().requires_grad_()
+    assert not weight.is_contiguous()
+    out = orpo_lib.fused_linear_orpo_loss(hidden, weight, problem["target"], chunk_size=9)
+    out.loss.backward()
+    assert weight.grad.dtype == dtype
+    assert rel_err(out.loss.detach(), ref["loss"]) < TOLERANCE[dtype]
+    assert rel_err(hidden.grad, ref_grads["hidden"]) < TOLERANCE[dtype]
+    assert rel_err(weight.grad, ref_grads["weight"]) < TOLERANCE[dtype]
+
+
 def test_frozen_weight_gets_no_gradient(problem):
     _, ref_grads = reference_with_grads(problem)
     hidden = problem["hidden"].clone().requires_grad_()
