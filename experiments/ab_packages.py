@@ -5,7 +5,6 @@ on the same GPU, inputs and clock drift as what it replaces.
     mkdir -p build/ab && git archive <rev> orpo_lib | tar -x -C build/ab && mv build/ab/orpo_lib build/ab/orpo_lib_before
     python experiments/ab_packages.py 16x1024,4x4096 [none,prompt-half]     # on a CUDA machine
 """
-import json
 import os
 import sys
 
@@ -42,11 +41,7 @@ def main(shapes, masks):
                                      median_ms=r.median_ms, min_ms=r.min_ms, ratio=r.median_ms / floor_ms,
                                      peak_gib=r.peak_over_inputs_gib, status=r.status, error=r.error))
             del inputs
-    record = {"provenance": bench.provenance(device, "python3 experiments/ab_packages.py " + " ".join(sys.argv[1:]),
-                                             os.environ.get("ORPO_COMMIT")), "results": rows}
-    with open(os.path.join(os.environ.get("OUT", "build"), "ab.json"), "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
+    bench.save_experiment("ab", rows, device)
     print(f"{'shape':8} {'mask':11} {'mode':5} {'before':>8} {'after':>8}  (÷ floor)")
     for floor, old, new in zip(rows[0::3], rows[1::3], rows[2::3]):
         print(f"{floor['shape']:8} {floor['mask']:11} {floor['mode']:5} {old['ratio']:8.3f} {new['ratio']:8.3f}"

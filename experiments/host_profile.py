@@ -115,12 +115,7 @@ def main():
         print(json.dumps({k: v for k, v in row.items() if not k.startswith("cProfile")}, indent=1), flush=True)
         del hidden, weight, target
         torch.cuda.empty_cache()
-    record = {"provenance": bench.provenance(device, "python3 experiments/host_profile.py",
-                                             os.environ.get("ORPO_COMMIT")), "results": rows}
-    out = os.path.join(os.environ.get("OUT", "build"), "host-profile.json")
-    with open(out, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
+    bench.save_experiment("host-profile", rows, device)
 
 
 if __name__ == "__main__":

@@ -67,11 +67,7 @@ def main():
                    **{f"{name} at ms": statistics.median(times) for name, times in waits.items()}}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    record = {"provenance": bench.provenance(torch.device("cuda"), "python3 experiments/host_wait.py",
-                                             os.environ.get("ORPO_COMMIT")), "results": rows}
-    with open(os.path.join(os.environ.get("OUT", "build"), "host-wait.json"), "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
+    bench.save_experiment("host-wait", rows, torch.device("cuda"))
 
 
 if __name__ == "__main__":

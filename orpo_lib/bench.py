@@ -453,6 +453,22 @@ def provenance(device, command, commit=None) -> dict:
     }
 
 
+def write_json(path, record) -> Path:
+    """Write a record as indented JSON, making its folder if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def save_experiment(name: str, results: list, device) -> Path:
+    """An experiment's results with their provenance (the command line, and the commit from $ORPO_COMMIT
+    or git), as ``<name>.json`` in $OUT, or in build/ without it."""
+    record = {"provenance": provenance(device, "python3 " + " ".join(sys.argv), os.environ.get("ORPO_COMMIT")),
+              "results": results}
+    return write_json(Path(os.environ.get("OUT", "build")) / f"{name}.json", record)
+
+
 def device_slug(device) -> str:
     """A short name for record files: the GPU's model ("h200" for "NVIDIA H200"), or "cpu"."""
     if device.type != "cuda":
@@ -555,8 +571,7 @@ def main(argv=None):
 
     out = Path(args.out) if args.out else Path("figures/data") / (
         f"bench-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    write_json(out, record)
     results = [Result(**{k: v for k, v in r.items()}) for r in record["results"]]
     floor = {(r.batch, r.seq, r.mode): r.median_ms for r in results if r.provider == "floor" and r.mask == "none"}
     for r in results:  # the forward floor is the logits GEMM, measured in eval mode

@@ -1,6 +1,7 @@
 """The benchmark harness at a tiny shape on the CPU: every provider recorded, with provenance."""
 
 import json
+import sys
 
 import torch
 
@@ -112,3 +113,15 @@ def test_sweeps_run_on_cpu(tmp_path):
     for case in sweeps["accuracy"]:
         errors = case["relative_error"]
         assert errors["fused"]["grad_weight"] < 1e-4 and errors["baseline"]["grad_weight"] < 1e-4
+
+
+def test_save_experiment_writes_results_with_provenance(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("ORPO_COMMIT", "abc1234")
+    monkeypatch.setattr(sys, "argv", ["experiments/host_wait.py", "2x1024"])
+    path = bench.save_experiment("host-wait", [{"shape": "2x1024", "call_ms": 9.0}], torch.device("cpu"))
+    assert path == tmp_path / "out" / "host-wait.json"
+    record = json.loads(path.read_text())
+    assert record["results"] == [{"shape": "2x1024", "call_ms": 9.0}]
+    assert record["provenance"]["command"] == "python3 experiments/host_wait.py 2x1024"
+    assert record["provenance"]["commit"] == "abc1234" and record["provenance"]["gpu"].startswith("CPU")
