@@ -87,15 +87,24 @@ def row_stats_kernel(
     other_sum = tl.sum(other_sums, axis=0)
     logit_sum = tl.sum(logit_sums, axis=0)
 
-    target_rel = target_logit - row_max  # <= 0; exactly 0 when the target is the maximum
-    target_term = tl.where(has_target, tl.exp(target_rel), 0.0)
-    lse = row_max + tl.log(other_sum + target_term)
-    logp = target_rel - _log1p(other_sum + (target_term - 1.0))
-    nll_logp = tl.where(nll_target == target, logp, nll_logit - lse)
+    lse, logp, nll_logp = _log_probs(row_max, other_sum, target_logit, nll_logit, target, nll_target)
     tl.store(logp_ptr + token, tl.where(has_target, logp, 0.0))
     tl.store(nll_logp_ptr + token, tl.where(has_nll, nll_logp, 0.0))
     tl.store(logit_sum_ptr + token, logit_sum)
     tl.store(lse_ptr + token, lse)
+
+
+@triton.jit
+def _log_probs(row_max, other_sum, target_logit, nll_logit, target, nll_target):
+    # From a row's max and its sum of exp(logit - max) without the target's term: the log-sum-exp and
+    # the log-probs of the two targets (-1: none). A near-certain target gets log p = -log1p(others)
+    # instead of a rounded 0.
+    target_rel = target_logit - row_max  # <= 0; exactly 0 when the target is the maximum
+    target_term = tl.where(target >= 0, tl.exp(target_rel), 0.0)
+    lse = row_max + tl.log(other_sum + target_term)
+    logp = target_rel - _log1p(other_sum + (target_term - 1.0))
+    nll_logp = tl.where(nll_target == target, logp, nll_logit - lse)
+    return lse, logp, nll_logp
 
 
 @triton.jit
