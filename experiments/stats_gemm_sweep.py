@@ -57,9 +57,11 @@ def main():
         for config in CONFIGS:
             entry = {"rows": rows, "variant": "logits_stats", "config": asdict(config)}
             try:
-                workspace = stats_gemm.partials(rows, V, device, config)
-                run = lambda: stats_gemm.logits_stats(x, weight, None, target, nll_target, token, *outputs,
-                                                      workspace, config=config)
+                workspace = stats_gemm.workspace(rows, V, device, config)
+
+                def run():
+                    stats_gemm.tile_stats(x, weight, None, target, nll_target, workspace, config)
+                    stats_gemm.combine(workspace, rows, V, target, nll_target, token, *outputs, config)
                 run()
                 entry["max_abs_diff"] = {name: (out - ref).abs().max().item() for name, out, ref in
                                          zip(("logp", "nll_logp", "logit_sum", "lse"), outputs, reference)}

@@ -152,52 +152,64 @@ def combine_stats_kernel(
     tl.store(lse_ptr + token, lse, mask=in_rows)
 
 
-def supported(x, weight) -> bool:
-    """Whether ``logits_stats`` can take these operands: tensor-core dtypes on the GPU (any float in the
-    interpreter), unit stride along the hidden size and 16-byte aligned rows, as the TMA loads need."""
-    if not INTERPRET and x.dtype not in (torch.bfloat16, torch.float16):
+def supported(hidden, weight) -> bool:
+    """Whether ``tile_stats`` can take rows of ``hidden`` (B, T, H) and ``weight`` (V, H): tensor-core dtypes
+    on the GPU (any float in the interpreter); unit stride along H and 16-byte aligned rows, which the TMA
+    loads need, in hidden, in weight and in a gathered copy of hidden's rows."""
+    if not INTERPRET and hidden.dtype not in (torch.bfloat16, torch.float16):
         return False
-    return all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-               for t in (x, weight))
+
+    def aligned(t):
+        return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+            stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
+    return aligned(hidden) and aligned(weight) and hidden.shape[-1] * hidden.element_size() % 16 == 0
 
 
 def default_config() -> GemmConfig:
     return INTERPRETER_CONFIG if INTERPRET else GPU_CONFIG
 
 
-def partials(rows: int, vocab: int, device, config: GemmConfig = None) -> torch.Tensor:
-    """Workspace for ``logits_stats`` of up to ``rows`` rows: (3, tiles along V, rows) float32 + 2 rows."""
-    config = config or default_config()
+def workspace(rows: int, vocab: int, device, config: GemmConfig = None) -> torch.Tensor:
+    """The partials of up to ``rows`` rows, flat: (3, tiles along V, rows) float32, then (2, rows)."""
+    tiles = triton.cdiv(vocab, (config or default_config()).block_n)
+    return torch.empty((3 * tiles + 2) * rows, device=device, dtype=torch.float32)
+
+
+def _partials(workspace, rows: int, vocab: int, config: GemmConfig):
+    # views of the workspace for a chunk of ``rows`` rows (the tile partials have stride ``rows``)
     tiles = triton.cdiv(vocab, config.block_n)
-    return torch.empty(3 * tiles * rows + 2 * rows, device=device, dtype=torch.float32)
+    tile_max, tile_sum, tile_logit_sum = workspace[: 3 * tiles * rows].view(3, tiles, rows)
+    target_logit, nll_logit = workspace[3 * tiles * rows: (3 * tiles + 2) * rows].view(2, rows)
+    return tiles, (tile_max, tile_sum, tile_logit_sum, target_logit, nll_logit)
 
 
-def logits_stats(x, weight, bias, target, nll_target, token, logp, nll_logp, logit_sum, lse, workspace,
-                 config: GemmConfig = None) -> None:
-    """Row statistics of ``x @ weight.T (+ bias)`` into the per-token outputs, as ``kernels.row_stats`` would
-    give for those logits, without storing them. ``x`` (C, H); ``target``, ``nll_target`` (C,) int32;
-    ``token`` (C,) int64; ``workspace`` from ``partials`` for at least C rows."""
+def tile_stats(x, weight, bias, target, nll_target, workspace, config: GemmConfig = None) -> None:
+    """Launch ``logits_stats_kernel`` for the logits ``x @ weight.T (+ bias)``: x (C, H); target and
+    nll_target (C,) int32; the partials go to ``workspace`` (from ``workspace()``, for at least C rows)."""
     config = config or default_config()
     rows, hidden = x.shape
     vocab = weight.shape[0]
-    tiles = triton.cdiv(vocab, config.block_n)
-    tile_max, tile_sum, tile_logit_sum = workspace[: 3 * tiles * rows].view(3, tiles, rows)
-    target_logit, nll_logit = workspace[3 * tiles * rows: 3 * tiles * rows + 2 * rows].view(2, rows)
-    x_desc = TensorDescriptor.from_tensor(x, [config.block_m, config.block_k])
-    w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
-    tiles_total = triton.cdiv(rows, config.block_m) * tiles
-    programs = min(tiles_total, _programs(x.device))
+    tiles, partials = _partials(workspace, rows, vocab, config)
+    programs = min(triton.cdiv(rows, config.block_m) * tiles, _programs(x.device))
     logits_stats_kernel[(programs,)](
-        x_desc, w_desc, bias if bias is not None else x, target, nll_target,
-        tile_max, tile_sum, tile_logit_sum, target_logit, nll_logit, rows, vocab, hidden,
+        TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
+        TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
+        bias if bias is not None else x, target, nll_target, *partials, rows, vocab, hidden,
         HAS_BIAS=bias is not None, UPCAST=INTERPRET and x.dtype == torch.bfloat16, NUM_PROGRAMS=programs,
         BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m,
         num_stages=config.num_stages, num_warps=config.num_warps,
     )
-    block_r = 32
-    combine_stats_kernel[(triton.cdiv(rows, block_r),)](
-        tile_max, tile_sum, tile_logit_sum, target_logit, nll_logit, target, nll_target, token,
-        logp, nll_logp, logit_sum, lse, rows, tiles, BLOCK_T=64, BLOCK_R=block_r, num_warps=4,
+
+
+def combine(workspace, rows: int, vocab: int, target, nll_target, token, logp, nll_logp, logit_sum, lse,
+            config: GemmConfig = None) -> None:
+    """Launch ``combine_stats_kernel``: the partials of ``tile_stats`` (same ``rows``, ``vocab``, ``config``)
+    into the per-token outputs at ``token`` (C,) int64, as ``kernels.row_stats`` writes them."""
+    tiles, partials = _partials(workspace, rows, vocab, config or default_config())
+    block_rows = 32
+    combine_stats_kernel[(triton.cdiv(rows, block_rows),)](
+        *partials, target, nll_target, token, logp, nll_logp, logit_sum, lse, rows, tiles,
+        BLOCK_T=64, BLOCK_R=block_rows, num_warps=4,
     )
 
 
