@@ -68,7 +68,7 @@ def main():
                 entry["ms"] = bench.time_call(run, device, warmup=3, reps=20)[0]
                 entry["tflops"] = flops / entry["ms"] / 1e9
             except Exception as exc:  # a configuration that does not compile or fit is recorded as such
-                entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[-300:]}"
             rows_out.append(entry)
             print(entry, flush=True)
         del x, buffer

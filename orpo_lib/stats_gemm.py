@@ -22,9 +22,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ._triton_mode import INTERPRET
 from .kernels import _log_probs
 
-LOG2E = 1.4426950408889634
-
-
 @dataclass(frozen=True)
 class GemmConfig:
     """Tile shape and launch of ``logits_stats_kernel``."""
@@ -91,7 +88,7 @@ def logits_stats_kernel(
         if n0 + BN > V:
             acc = tl.where(cols[None, :] < V, acc, float("-inf"))
         tile_max = tl.max(acc, axis=1)
-        terms = tl.exp2((acc - tile_max[:, None]) * LOG2E)
+        terms = tl.exp(acc - tile_max[:, None])
 
         # Only a tile that holds some row's target compares columns.
         target = tl.load(target_ptr + rows, mask=in_rows, other=-1)
