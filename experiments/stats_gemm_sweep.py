@@ -18,13 +18,13 @@ from orpo_lib import bench, kernels, stats_gemm  # noqa: E402
 from orpo_lib.stats_gemm import GemmConfig  # noqa: E402
 
 H, V = 4096, 128256
-CONFIGS = [
-    GemmConfig(),
-    GemmConfig(group_m=8),
-    GemmConfig(num_stages=4),
-    GemmConfig(block_n=128, num_stages=4),
-    GemmConfig(block_n=128, num_stages=4, num_warps=4),
-    GemmConfig(block_m=256, block_n=128, num_stages=3),
+VARIANTS = [  # (configuration, whether the NLL target is a separate array)
+    (GemmConfig(), True),
+    (GemmConfig(), False),
+    (GemmConfig(warp_specialize=True), True),
+    (GemmConfig(num_stages=4), True),
+    (GemmConfig(group_m=8), True),
+    (GemmConfig(block_n=128, num_stages=4), True),
 ]
 
 
@@ -54,13 +54,14 @@ def main():
             ms = bench.time_call(run, device, warmup=3, reps=20)[0]
             rows_out.append({"rows": rows, "variant": name, "ms": ms, "tflops": flops / ms / 1e9})
             print(rows_out[-1], flush=True)
-        for config in CONFIGS:
-            entry = {"rows": rows, "variant": "logits_stats", "config": asdict(config)}
+        for config, separate_nll in VARIANTS:
+            entry = {"rows": rows, "variant": "logits_stats", "config": asdict(config), "separate_nll": separate_nll}
             try:
                 workspace = stats_gemm.workspace(rows, V, device, config)
 
                 def run():
-                    stats_gemm.tile_stats(x, weight, None, target, nll_target, workspace, config)
+                    stats_gemm.tile_stats(x, weight, None, target, nll_target, workspace, config,
+                                          separate_nll=separate_nll)
                     stats_gemm.combine(workspace, rows, V, target, nll_target, token, *outputs, config)
                 run()
                 entry["max_abs_diff"] = {name: (out - ref).abs().max().item() for name, out, ref in
@@ -77,7 +78,8 @@ def main():
     print("\nrows  variant                                   ms     TFLOP/s")
     for r in rows_out:
         cfg = r.get("config")
-        tag = r["variant"] if not cfg else "stats {block_m}x{block_n}x{block_k} g{group_m} s{num_stages} w{num_warps}".format(**cfg)
+        tag = r["variant"] if not cfg else "stats {block_m}x{block_n}x{block_k} g{group_m} s{num_stages} w{num_warps}".format(
+            **cfg) + " ws" * cfg["warp_specialize"] + " nll" * r["separate_nll"]
         print(f"{r['rows']:6d} {tag:40s} {r.get('ms', float('nan')):7.3f} {r.get('tflops', float('nan')):6.0f} "
               f"{r.get('error', '')}")
 

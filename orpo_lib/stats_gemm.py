@@ -32,6 +32,7 @@ class GemmConfig:
     group_m: int = 32  # row tiles that sweep the vocabulary together, so each W tile is read once from HBM
     num_stages: int = 3
     num_warps: int = 8
+    warp_specialize: bool = False
 
 
 # Chosen from the H200 sweep in figures/data (experiments/stats_gemm_sweep.py).
@@ -54,14 +55,16 @@ def logits_stats_kernel(
     nll_logit_ptr,  # (C,) fp32 out: the NLL target's logit
     C, V, H,
     HAS_BIAS: tl.constexpr,
+    SEPARATE_NLL: tl.constexpr,  # an NLL target that may differ from the odds-ratio target
     UPCAST: tl.constexpr,  # the interpreter computes bf16 products wrongly: take them in fp32 there
     NUM_PROGRAMS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     tiles_m = tl.cdiv(C, BM)
     tiles_n = tl.cdiv(V, BN)
     per_group = GROUP_M * tiles_n
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_PROGRAMS, flatten=True):
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_PROGRAMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
         # Grouped order: GROUP_M row tiles take each BN-column strip of W in turn, while it is in L2.
         first_m = tile // per_group * GROUP_M
         group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
@@ -82,30 +85,26 @@ def logits_stats_kernel(
         in_rows = rows < C
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)[None, :]
+        # No branch on the data below: it would stop the loop over tiles from being software-pipelined.
         # Columns past V hold zeros (the loads pad with them): harmless in the sum of logits, but they
         # must not count in the max or the exponentials.
         logit_sum = tl.sum(acc, axis=1)
-        if n0 + BN > V:
-            acc = tl.where(cols[None, :] < V, acc, float("-inf"))
+        acc = tl.where(cols[None, :] < V, acc, float("-inf"))
         tile_max = tl.max(acc, axis=1)
-        terms = tl.exp(acc - tile_max[:, None])
-
-        # Only a tile that holds some row's target compares columns.
         target = tl.load(target_ptr + rows, mask=in_rows, other=-1)
+        is_target = cols[None, :] == target[:, None]
+        tile_sum = tl.sum(tl.where(is_target, 0.0, tl.exp(acc - tile_max[:, None])), axis=1)
         has_target = (target >= n0) & (target < n0 + BN)
-        if tl.max(has_target.to(tl.int32), axis=0) > 0:
-            is_target = cols[None, :] == target[:, None]
-            terms = tl.where(is_target, 0.0, terms)
-            tl.store(target_logit_ptr + rows, tl.sum(tl.where(is_target, acc, 0.0), axis=1), mask=has_target)
-        nll_target = tl.load(nll_target_ptr + rows, mask=in_rows, other=-1)
-        has_nll = (nll_target >= n0) & (nll_target < n0 + BN)
-        if tl.max(has_nll.to(tl.int32), axis=0) > 0:
+        tl.store(target_logit_ptr + rows, tl.sum(tl.where(is_target, acc, 0.0), axis=1), mask=has_target)
+        if SEPARATE_NLL:  # otherwise the NLL target is the target (or none) and shares its logit
+            nll_target = tl.load(nll_target_ptr + rows, mask=in_rows, other=-1)
             is_nll = cols[None, :] == nll_target[:, None]
+            has_nll = (nll_target >= n0) & (nll_target < n0 + BN)
             tl.store(nll_logit_ptr + rows, tl.sum(tl.where(is_nll, acc, 0.0), axis=1), mask=has_nll)
 
         out = tile_n.to(tl.int64) * C + rows
         tl.store(tile_max_ptr + out, tile_max, mask=in_rows)
-        tl.store(tile_sum_ptr + out, tl.sum(terms, axis=1), mask=in_rows)
+        tl.store(tile_sum_ptr + out, tile_sum, mask=in_rows)
         tl.store(tile_logit_sum_ptr + out, logit_sum, mask=in_rows)
 
 
@@ -180,9 +179,11 @@ def _partials(workspace, rows: int, vocab: int, config: GemmConfig):
     return tiles, (tile_max, tile_sum, tile_logit_sum, target_logit, nll_logit)
 
 
-def tile_stats(x, weight, bias, target, nll_target, workspace, config: GemmConfig = None) -> None:
+def tile_stats(x, weight, bias, target, nll_target, workspace, config: GemmConfig = None, *,
+               separate_nll=True) -> None:
     """Launch ``logits_stats_kernel`` for the logits ``x @ weight.T (+ bias)``: x (C, H); target and
-    nll_target (C,) int32; the partials go to ``workspace`` (from ``workspace()``, for at least C rows)."""
+    nll_target (C,) int32; the partials go to ``workspace`` (from ``workspace()``, for at least C rows).
+    ``separate_nll=False`` promises that each NLL target is the row's target or -1."""
     config = config or default_config()
     rows, hidden = x.shape
     vocab = weight.shape[0]
@@ -192,9 +193,9 @@ def tile_stats(x, weight, bias, target, nll_target, workspace, config: GemmConfi
         TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
         TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
         bias if bias is not None else x, target, nll_target, *partials, rows, vocab, hidden,
-        HAS_BIAS=bias is not None, UPCAST=INTERPRET and x.dtype == torch.bfloat16, NUM_PROGRAMS=programs,
+        HAS_BIAS=bias is not None, SEPARATE_NLL=separate_nll, UPCAST=INTERPRET and x.dtype == torch.bfloat16, NUM_PROGRAMS=programs,
         BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m,
-        num_stages=config.num_stages, num_warps=config.num_warps,
+        WARP_SPECIALIZE=config.warp_specialize, num_stages=config.num_stages, num_warps=config.num_warps,
     )
 
 
