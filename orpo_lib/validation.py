@@ -93,7 +93,8 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
         raise ValueError("the tensors are on the CPU, but the Triton kernels were compiled for the GPU: move them "
                          "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
     target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore_index, compute_nll_loss)
-    per_seq, kept, nll_per_seq, bad_target, bad_nll = stats.t().tolist()
+    # rows read back as they are (transposing on the device first costs a copy kernel, ~30 µs here)
+    per_seq, kept, nll_per_seq, bad_target, bad_nll = zip(*stats.tolist())
     if sum(bad_target):
         raise ValueError(
             f"target holds {sum(bad_target)} token id(s) outside [0, {vocab}) that are not ignore_index={ignore_index}"
@@ -114,4 +115,4 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
             f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
             " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
         )
-    return TokenCounts(target_ids, nll_ids, stats, kept, sum(nll_per_seq))
+    return TokenCounts(target_ids, nll_ids, stats, list(kept), sum(nll_per_seq))
