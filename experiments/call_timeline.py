@@ -2,7 +2,8 @@
 
 For each shape and mode, one call (after warm-up, started after a synchronisation as in the benchmark)
 is traced with the PyTorch profiler. Reported: each GPU kernel and copy in order with its start
-(µs after the call began on the host), its duration, and the idle gap before it.
+(µs after the call began on the host), its duration, and the idle gap before it. The profiler slows
+the host several-fold, so host gaps here are upper bounds; the kernels' durations are the GPU's.
 
     python experiments/call_timeline.py      # on a CUDA machine, from the repository root
 """
@@ -28,7 +29,7 @@ def timeline(run):
         torch.cuda.synchronize()
     events = prof.events()
     call = next(e for e in events if e.name == "call")
-    gpu = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+    gpu = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.name != "call"),
                  key=lambda e: e.time_range.start)
     rows, previous_end = [], call.time_range.start
     for e in gpu:

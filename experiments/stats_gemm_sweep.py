@@ -14,8 +14,9 @@ from dataclasses import asdict
 import torch
 
 sys.path.insert(0, os.getcwd())
-from orpo_lib import bench, kernels, stats_gemm  # noqa: E402
-from orpo_lib.stats_gemm import GemmConfig  # noqa: E402
+from orpo_lib import bench, kernels  # noqa: E402
+import stats_gemm  # noqa: E402  (experiments/, beside this file)
+from stats_gemm import GemmConfig  # noqa: E402
 
 H, V = 4096, 128256
 VARIANTS = [  # (configuration, whether the NLL target is a separate array)

@@ -1,4 +1,4 @@
-"""The logits GEMM with the row statistics in its epilogue: what a no-grad forward needs, no logits stored.
+"""Experiment: the logits GEMM with the row statistics in its epilogue, for a no-grad forward (no logits stored).
 
 Without gradients the logits are only reduced: per row a log-sum-exp, two target logits and a sum.
 ``logits_stats_kernel`` computes ``X @ W.T (+ bias)`` one BM×BN tile at a time (a persistent grid,
@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._triton_mode import INTERPRET
-from .kernels import _log_probs
+from orpo_lib._triton_mode import INTERPRET
+from orpo_lib.kernels import _log_probs
 
 @dataclass(frozen=True)
 class GemmConfig:
@@ -35,7 +35,7 @@ class GemmConfig:
     warp_specialize: bool = False
 
 
-# Chosen from the H200 sweep in figures/data (experiments/stats_gemm_sweep.py).
+# The best of experiments/stats_gemm_sweep.py on the H200 (figures/data/stats-gemm-sweep-2026-12-02-h200.json).
 GPU_CONFIG = GemmConfig()
 # The interpreter's cost grows with the number of block operations, not their size.
 INTERPRETER_CONFIG = GemmConfig(block_m=32, block_n=64, block_k=32, group_m=4, num_stages=1, num_warps=4)
@@ -140,25 +140,13 @@ def combine_stats_kernel(
     nll_target = tl.load(nll_target_ptr + rows, mask=in_rows, other=-1)
     target_logit = tl.load(target_logit_ptr + rows, mask=in_rows & (target >= 0), other=0.0)
     nll_logit = tl.load(nll_logit_ptr + rows, mask=in_rows & (nll_target >= 0), other=0.0)
+    other_sum = tl.where(in_rows, other_sum, 1.0)  # rows past C: no log(0)
     lse, logp, nll_logp = _log_probs(row_max, other_sum, target_logit, nll_logit, target, nll_target)
     token = tl.load(token_ptr + rows, mask=in_rows, other=0)
     tl.store(logp_ptr + token, tl.where(target >= 0, logp, 0.0), mask=in_rows)
     tl.store(nll_logp_ptr + token, tl.where(nll_target >= 0, nll_logp, 0.0), mask=in_rows)
     tl.store(logit_sum_ptr + token, logit_sum, mask=in_rows)
     tl.store(lse_ptr + token, lse, mask=in_rows)
-
-
-def supported(hidden, weight) -> bool:
-    """Whether ``tile_stats`` can take rows of ``hidden`` (B, T, H) and ``weight`` (V, H): tensor-core dtypes
-    on the GPU (any float in the interpreter); unit stride along H and 16-byte aligned rows, which the TMA
-    loads need, in hidden, in weight and in a gathered copy of hidden's rows."""
-    if not INTERPRET and hidden.dtype not in (torch.bfloat16, torch.float16):
-        return False
-
-    def aligned(t):
-        return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-            stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
-    return aligned(hidden) and aligned(weight) and hidden.shape[-1] * hidden.element_size() % 16 == 0
 
 
 def default_config() -> GemmConfig:
