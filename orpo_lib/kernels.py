@@ -29,10 +29,9 @@ def _log1p(x):
 
 
 @triton.jit
-def _this_row(logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr):
-    # The program's row: its address, its two target ids and its index among the B*T tokens.
-    row = tl.program_id(0)
-    return (logits_ptr + row.to(tl.int64) * stride_row, tl.load(target_ptr + row), tl.load(nll_target_ptr + row),
+def _this_row(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr):
+    # A row of the chunk: its address, its two target ids and its index among the B*T tokens.
+    return (logits_ptr + stride_row.to(tl.int64) * row, tl.load(target_ptr + row), tl.load(nll_target_ptr + row),
             tl.load(token_ptr + row))
 
 
@@ -50,7 +49,14 @@ def row_stats_kernel(
     V,  # at least BLOCK_V
     BLOCK_V: tl.constexpr,
 ):
-    row_ptr, target, nll_target, token = _this_row(logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
+    _row_stats(tl.program_id(0), logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
+               logit_sum_ptr, lse_ptr, V, BLOCK_V)
+
+
+@triton.jit
+def _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
+               logit_sum_ptr, lse_ptr, V, BLOCK_V: tl.constexpr):
+    row_ptr, target, nll_target, token = _this_row(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
     has_target = target >= 0
     has_nll = nll_target >= 0
     target_logit = tl.load(row_ptr + target, mask=has_target, other=0.0).to(tl.float32)
@@ -140,7 +146,14 @@ def row_grads_kernel(
     HAS_GRAD_SCALE: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    row_ptr, target, nll_target, token = _this_row(logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
+    _row_grads(tl.program_id(0), logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
+               lse_ptr, seq_coef_ptr, grad_scale_ptr, nll_coef, seq_len, V, HAS_GRAD_SCALE, BLOCK_V)
+
+
+@triton.jit
+def _row_grads(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr, lse_ptr,
+               seq_coef_ptr, grad_scale_ptr, nll_coef, seq_len, V, HAS_GRAD_SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+    row_ptr, target, nll_target, token = _this_row(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
     # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b.
     a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len), 0.0)
     b = tl.where(nll_target >= 0, nll_coef, 0.0)
