@@ -22,7 +22,6 @@ gradient. When one block holds every row, its gradient waits for backward instea
 upstream gradient goes into G and every gradient is rounded once.
 """
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +35,6 @@ from .validation import TokenCounts, check_arguments, count_tokens
 DEFAULT_CHUNK_ROWS = 4096
 # The most bytes of logits the automatic choice lets exist at once.
 LOGITS_BUDGET_BYTES = 8 << 30
-# Rows of G per dX GEMM, each rewritten from logits beside the previous piece's GEMM (_block_grads).
-GRAD_PIECE_ROWS = 2048
 
 
 @dataclass
@@ -95,14 +92,6 @@ def accumulator_rows(hidden_size: int, itemsize: int, fp32_weight_grad: bool) ->
     if not fp32_weight_grad or itemsize >= 4:
         return 0
     return hidden_size * (4 - itemsize) // itemsize
-
-
-def grad_pieces(rows: int, piece_rows: int | None = None) -> list:
-    """The fewest slices of at most ``piece_rows`` (default ``GRAD_PIECE_ROWS``) rows covering ``rows``, of
-    (nearly) equal size."""
-    count = -(-rows // (piece_rows or GRAD_PIECE_ROWS))
-    size = -(-rows // count)
-    return [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
 def _mm(a, b, out_dtype=torch.float32):
@@ -191,9 +180,6 @@ class ChunkedORPO:
         self.dw = None
         self.dw_dtype = torch.float32 if fp32_weight_grad else dtype
         self.pending = None
-        # A high-priority stream for the rewrite into G beside the dX GEMMs, so that its programs take
-        # the SMs the GEMM frees first.
-        self.side = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" and self.grad_hidden else None
 
     def _allocate_outputs(self) -> None:
         """The rest of the setup, once the first GEMM keeps the GPU busy."""
@@ -268,27 +254,15 @@ class ChunkedORPO:
                                     beta=self.beta)
 
     def _block_grads(self, block: _Block, grad_scale=None) -> None:
-        """Turn the block's logits into G = dL/dlogits (times ``grad_scale``) and add its dX rows, dW and dbias.
-
-        With dX to compute, the block goes in pieces: while one piece's dX GEMM runs, the next piece is
-        rewritten into G on a second stream, in the SMs the GEMM leaves idle (the statistics pass has
-        no such partner: the logits GEMM leaves none).
-        """
-        pieces = grad_pieces(len(block.logits)) if self.grad_hidden else [slice(0, len(block.logits))]
-        self._rewrite(block, pieces[0], grad_scale)
-        for i, piece in enumerate(pieces):
-            if i + 1 < len(pieces):
-                with self._beside_main():
-                    self._rewrite(block, pieces[i + 1], grad_scale)
-            if self.grad_hidden:
-                grad = block.logits[piece]
-                if self.token_order:
-                    start = block.span[0]
-                    torch.mm(grad, self.weight, out=self.dx[start + piece.start:start + piece.stop])
-                else:
-                    self.dx.index_copy_(0, block.rows[piece], torch.mm(grad, self.weight))
-            self._join_side()
+        """Turn the block's logits into G = dL/dlogits (times ``grad_scale``) and add its dX rows, dW and dbias."""
+        kernels.row_grads(block.logits, block.target, block.nll_target, block.rows, self.logp, self.nll_logp,
+                          self.lse, self.seq_coef, nll_coef=self.nll_coef, seq_len=self.seq, grad_scale=grad_scale)
         grad = block.logits
+        if self.grad_hidden:
+            if self.token_order:
+                torch.mm(grad, self.weight, out=self.dx[block.span[0]:block.span[1]])
+            else:
+                self.dx.index_copy_(0, block.rows, torch.mm(grad, self.weight))
         if self.grad_weight:
             if self.single_block:  # the whole dW in one GEMM, in the weight's dtype
                 self.dw = torch.mm(grad.t(), block.x)
@@ -298,26 +272,6 @@ class ChunkedORPO:
                 _addmm_(self.dw, grad.t(), block.x)
         if self.grad_bias:
             self.db += grad.sum(0, dtype=torch.float32)
-
-    def _rewrite(self, block: _Block, piece: slice, grad_scale) -> None:
-        kernels.row_grads(block.logits[piece], block.target[piece], block.nll_target[piece], block.rows[piece],
-                          self.logp, self.nll_logp, self.lse, self.seq_coef, nll_coef=self.nll_coef, seq_len=self.seq,
-                          grad_scale=grad_scale)
-
-    @contextlib.contextmanager
-    def _beside_main(self):
-        """Queue work on the side stream (on a GPU), after everything queued so far on the current one."""
-        if self.side is None:
-            yield
-            return
-        self.side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.side):
-            yield
-
-    def _join_side(self) -> None:
-        """What follows on the current stream waits for the side stream's work."""
-        if self.side is not None:
-            torch.cuda.current_stream().wait_stream(self.side)
 
     def _metrics(self):
         if not self.needs_grad:  # with gradients, the chunk groups computed them pair by pair

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import orpo_lib
-from orpo_lib import fused, kernels
-from orpo_lib.fused import ChunkedORPO, grad_pieces, plan_chunks
+from orpo_lib.fused import ChunkedORPO, plan_chunks
 from orpo_lib.validation import count_tokens
 from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
 
@@ -281,39 +280,6 @@ def test_certain_sequences_are_finite(certain_rows):
         assert torch.isfinite(out.loss), loss_fn.__name__
         assert all(torch.isfinite(g).all() for g in grads.values()), loss_fn.__name__
         assert math.isfinite(out.log_odds_chosen.item())
-
-
-@pytest.mark.parametrize("batch,chunk_size,ignored_fraction", [
-    (2, None, 0.0),  # one block in token order: the pieces are finished in backward, with the upstream gradient
-    (2, 6, 0.0),  # one pair in three blocks (two passes), token order: dX written in place at each block's rows
-    (4, None, 0.3),  # dropped tokens: pair order, dX rows scattered piece by piece
-    (6, 9, 0.0),  # several blocks, two passes, dW accumulated across them
-])
-def test_gradient_in_pieces(monkeypatch, batch, chunk_size, ignored_fraction):
-    """A block rewritten into G and multiplied into dX piece by piece (4 rows at a time here) gives the
-    reference gradients; with a frozen hidden there is no dX GEMM to pair with, so one piece."""
-    monkeypatch.setattr(fused, "GRAD_PIECE_ROWS", 4)
-    rewritten = []
-    monkeypatch.setattr(kernels, "row_grads", lambda logits, *a, _f=kernels.row_grads, **k: rewritten.append(
-        len(logits)) or _f(logits, *a, **k))
-    problem = make_problem(batch, 7, 48, 517, ignored_fraction=ignored_fraction, with_bias=True, seed=batch + 20)
-    ref, ref_grads = reference_with_grads(problem)
-    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=0.75, chunk_size=chunk_size)
-    assert_matches_reference(out, {k: g / 0.75 for k, g in grads.items()}, ref, ref_grads, TOLERANCE[torch.float32])
-    assert max(rewritten) <= 4 and len(rewritten) > 2
-
-    rewritten.clear()
-    weight = problem["weight"].detach().clone().requires_grad_()
-    orpo_lib.fused_linear_orpo_loss(problem["hidden"], weight, problem["target"], problem["bias"],
-                                    chunk_size=chunk_size).loss.backward()
-    assert max(rewritten) > 4 and weight.grad is not None
-
-
-def test_grad_pieces_are_nearly_equal_and_cover_the_rows():
-    assert grad_pieces(8192, 2048) == [slice(0, 2048), slice(2048, 4096), slice(4096, 6144), slice(6144, 8192)]
-    assert grad_pieces(9, 4) == [slice(0, 3), slice(3, 6), slice(6, 9)]
-    assert grad_pieces(4, 4) == [slice(0, 4)]
-    assert grad_pieces(1, 2048) == [slice(0, 1)]
 
 
 def test_plan_chunks_packs_whole_pairs_and_splits_long_ones():
