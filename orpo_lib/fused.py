@@ -35,9 +35,6 @@ from .validation import TokenCounts, check_arguments, count_tokens
 DEFAULT_CHUNK_ROWS = 4096
 # The most bytes of logits the automatic choice lets exist at once.
 LOGITS_BUDGET_BYTES = 8 << 30
-# The logits and dX GEMMs of a larger block are issued in pieces of this many rows: on the H200 cuBLAS
-# picks a slower kernel for 8192 rows than for 4096 (experiments/gemm_rows.py).
-GEMM_ROWS = 4096
 
 
 @dataclass
@@ -104,17 +101,6 @@ def _mm(a, b, out_dtype=torch.float32):
     if a.is_cuda:
         return torch.mm(a, b, out_dtype=out_dtype)
     return torch.mm(a.to(out_dtype), b.to(out_dtype))
-
-
-def _mm_in_pieces(a, b, out, bias=None):
-    """out = a @ b (+ bias), as GEMMs of at most ``GEMM_ROWS`` rows of ``a``. Returns ``out``."""
-    for start in range(0, a.shape[0], GEMM_ROWS):
-        rows = slice(start, start + GEMM_ROWS)
-        if bias is None:
-            torch.mm(a[rows], b, out=out[rows])
-        else:
-            torch.addmm(bias, a[rows], b, out=out[rows])
-    return out
 
 
 def _addmm_(acc, a, b):
@@ -247,7 +233,11 @@ class ChunkedORPO:
         else:
             rows = self.row_tokens[span[0]:span[1]]
             x = self.hidden[rows // self.seq, rows % self.seq]
-        logits = _mm_in_pieces(x, self.weight.t(), self.buffer[: span[1] - span[0]], self.bias)
+        logits = self.buffer[: span[1] - span[0]]
+        if self.bias is None:
+            torch.mm(x, self.weight.t(), out=logits)
+        else:
+            torch.addmm(self.bias, x, self.weight.t(), out=logits)
         if self.logp is None:  # the first GEMM is queued: the GPU is busy while the host finishes the setup
             self._allocate_outputs()
         rows = self.row_tokens[span[0]:span[1]]
@@ -270,10 +260,9 @@ class ChunkedORPO:
         grad = block.logits
         if self.grad_hidden:
             if self.token_order:
-                _mm_in_pieces(grad, self.weight, self.dx[block.span[0]:block.span[1]])
+                torch.mm(grad, self.weight, out=self.dx[block.span[0]:block.span[1]])
             else:
-                dx_rows = _mm_in_pieces(grad, self.weight, grad.new_empty(grad.shape[0], self.weight.shape[1]))
-                self.dx.index_copy_(0, block.rows, dx_rows)
+                self.dx.index_copy_(0, block.rows, torch.mm(grad, self.weight))
         if self.grad_weight:
             if self.single_block:  # the whole dW in one GEMM, in the weight's dtype
                 self.dw = torch.mm(grad.t(), block.x)
