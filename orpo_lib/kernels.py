@@ -21,6 +21,10 @@ import triton
 import triton.language as tl
 
 
+# Columns per slot of row_stats' running statistics: one 16-byte load of bf16 or fp16.
+STATS_LANE = tl.constexpr(8)
+
+
 @triton.jit
 def _log1p(x):
     # log(1 + x) without losing a tiny x to rounding (Goldberg's trick; tl has no log1p).
@@ -65,33 +69,41 @@ def _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_pt
     # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
     # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
     # The partial block at the end of the row goes first, with masks; the whole blocks then need
-    # none, and only the one holding the target compares columns. Sums stay per lane (one
-    # cross-warp reduction per step, for the max), and the next block is loaded before the current
-    # one is reduced, so a load is always in flight.
+    # none, and only the one holding the target compares columns.
     offs = tl.arange(0, BLOCK_V)
     tail = V // BLOCK_V * BLOCK_V
     cols = tail + offs
     in_row = cols < V
     x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
-    row_max = tl.max(x, axis=0)  # -inf when V is a multiple of BLOCK_V (an empty tail)
-    tail_ref = tl.where(row_max == float("-inf"), 0.0, row_max)  # so that no -inf - -inf is ever formed
-    other_sums = tl.where(in_row & (cols != target), tl.exp(x - tail_ref), 0.0)
-    logit_sums = tl.where(in_row, x, 0.0)
+    tail_max = tl.max(x, axis=0)  # -inf when V is a multiple of BLOCK_V (an empty tail)
+    tail_ref = tl.where(tail_max == float("-inf"), 0.0, tail_max)  # so that no -inf - -inf is ever formed
+    tail_sum = tl.sum(tl.where(in_row & (cols != target), tl.exp(x - tail_ref), 0.0), axis=0)
+    logit_sum = tl.sum(tl.where(in_row, x, 0.0), axis=0)
+
+    # The whole blocks as (BLOCK_V / LANE, LANE) tiles: each slot of LANE adjacent columns (one
+    # thread's vector load) keeps its own running max and sum, so that a step reduces within threads
+    # only; the slots are combined once, after the loop. The next block is loaded before the current
+    # one is reduced, so a load is always in flight.
+    slot = tl.arange(0, BLOCK_V // STATS_LANE)[:, None] * STATS_LANE + tl.arange(0, STATS_LANE)[None, :]
+    slot_max = tl.full([BLOCK_V // STATS_LANE], float("-inf"), tl.float32)
+    slot_sum = tl.zeros([BLOCK_V // STATS_LANE], tl.float32)
+    slot_logit_sum = tl.zeros([BLOCK_V // STATS_LANE], tl.float32)
     last_start = tail - BLOCK_V
-    next_x = tl.load(row_ptr + offs)
+    next_x = tl.load(row_ptr + slot)
     for start in range(0, tail, BLOCK_V):
         x = next_x.to(tl.float32)
         # the last step reloads its own block rather than reading past the whole blocks
-        next_x = tl.load(row_ptr + tl.minimum(start + BLOCK_V, last_start) + offs)
-        new_max = tl.maximum(row_max, tl.max(x, axis=0))
-        terms = tl.exp(x - new_max)
+        next_x = tl.load(row_ptr + tl.minimum(start + BLOCK_V, last_start) + slot)
+        new_max = tl.maximum(slot_max, tl.max(x, axis=1))
+        terms = tl.exp(x - new_max[:, None])
         if (target >= start) & (target < start + BLOCK_V):
-            terms = tl.where(start + offs != target, terms, 0.0)
-        other_sums = other_sums * tl.exp(row_max - new_max) + terms
-        logit_sums += x
-        row_max = new_max
-    other_sum = tl.sum(other_sums, axis=0)
-    logit_sum = tl.sum(logit_sums, axis=0)
+            terms = tl.where(start + slot != target, terms, 0.0)
+        slot_sum = slot_sum * tl.exp(slot_max - new_max) + tl.sum(terms, axis=1)
+        slot_logit_sum += tl.sum(x, axis=1)
+        slot_max = new_max
+    row_max = tl.maximum(tl.max(slot_max, axis=0), tail_max)
+    other_sum = tl.sum(slot_sum * tl.exp(slot_max - row_max), axis=0) + tail_sum * tl.exp(tail_max - row_max)
+    logit_sum += tl.sum(slot_logit_sum, axis=0)
 
     lse, logp, nll_logp = _log_probs(row_max, other_sum, target_logit, nll_logit, target, nll_target)
     tl.store(logp_ptr + token, tl.where(has_target, logp, 0.0))
@@ -106,7 +118,7 @@ def _log_probs(row_max, other_sum, target_logit, nll_logit, target, nll_target):
     # the log-probs of the two targets (-1: none). A near-certain target gets log p = -log1p(others)
     # instead of a rounded 0.
     target_rel = target_logit - row_max  # <= 0; exactly 0 when the target is the maximum
-    target_term = tl.where(target >= 0, tl.exp(target_rel), 0.0)
+    target_term = tl.exp(tl.where(target >= 0, target_rel, float("-inf")))  # 0 without a target
     lse = row_max + tl.log(other_sum + target_term)
     logp = target_rel - _log1p(other_sum + (target_term - 1.0))
     nll_logp = tl.where(nll_target == target, logp, nll_logit - lse)
@@ -182,7 +194,7 @@ def _row_grads(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_pt
         tl.store(row_ptr + start + offs, grad.to(out_dtype))
     cols = tail + offs
     in_row = cols < V
-    x = tl.load(row_ptr + cols, mask=in_row, other=0.0)
+    x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))  # exp(-inf) = 0: nothing overflows
     grad = _target_columns(neg_s * tl.exp(x.to(tl.float32) - lse), cols, target, nll_target, target_grad, nll_grad)
     tl.store(row_ptr + cols, grad.to(out_dtype), mask=in_row)
 

@@ -74,12 +74,18 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
 
 
 @pytest.mark.parametrize("grad_scale", [None, 0.37])
-def test_row_kernels_give_the_gradient_of_the_logits(grad_scale):
+@pytest.mark.parametrize("vocab,shift", [
+    (1000, 0.0),  # no multiple of any block: a partial block at the end of each row
+    (1024, 0.0),  # a multiple of the block: no partial block
+    (1024, -150.0),  # and every logit so low that exp(-max) overflows float32
+])
+def test_row_kernels_give_the_gradient_of_the_logits(grad_scale, vocab, shift):
     """row_stats then row_grads turn a chunk into a·onehot(y) + b·onehot(y') - (a + b)·softmax."""
-    rows, vocab, seq_len = 6, 1000, 3  # a vocabulary that is no multiple of any block; two sequences
+    rows, seq_len = 6, 3  # two sequences
     gen = torch.Generator().manual_seed(6)
     logits = torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 4
     logits[1, 7] = 60.0  # a near-certain target
+    logits += shift
     target = torch.tensor([3, 7, -1, 999, 0, 512], dtype=torch.int32)
     nll_target = torch.tensor([3, 7, 5, -1, 998, -1], dtype=torch.int32)  # shared, own, absent columns
     token = torch.tensor([0, 1, 2, 3, 4, 5])
@@ -94,6 +100,7 @@ def test_row_kernels_give_the_gradient_of_the_logits(grad_scale):
 
     log_probs = logits.log_softmax(1)
     torch.testing.assert_close(lse, logits.logsumexp(1).float())
+    torch.testing.assert_close(logit_sum, logits.sum(1).float(), rtol=1e-5, atol=1e-2)
     assert logp[1] < 0  # kept, although exp of it rounds to 1
     a = torch.where(target >= 0, seq_coef.double()[token // seq_len], 0.0)
     b = torch.where(nll_target >= 0, nll_coef, 0.0)
