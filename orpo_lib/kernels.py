@@ -91,15 +91,15 @@ def _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_pt
     last_start = tail - BLOCK_V
     next_x = tl.load(row_ptr + slot)
     for start in range(0, tail, BLOCK_V):
-        x = next_x.to(tl.float32)
+        block = next_x.to(tl.float32)
         # the last step reloads its own block rather than reading past the whole blocks
         next_x = tl.load(row_ptr + tl.minimum(start + BLOCK_V, last_start) + slot)
-        new_max = tl.maximum(slot_max, tl.max(x, axis=1))
-        terms = tl.exp(x - new_max[:, None])
+        new_max = tl.maximum(slot_max, tl.max(block, axis=1))
+        terms = tl.exp(block - new_max[:, None])
         if (target >= start) & (target < start + BLOCK_V):
             terms = tl.where(start + slot != target, terms, 0.0)
         slot_sum = slot_sum * tl.exp(slot_max - new_max) + tl.sum(terms, axis=1)
-        slot_logit_sum += tl.sum(x, axis=1)
+        slot_logit_sum += tl.sum(block, axis=1)
         slot_max = new_max
     row_max = tl.maximum(tl.max(slot_max, axis=0), tail_max)
     other_sum = tl.sum(slot_sum * tl.exp(slot_max - row_max), axis=0) + tail_sum * tl.exp(tail_max - row_max)
