@@ -208,7 +208,7 @@ class RowLaunch:
 
 
 # Chosen from the H200 sweeps in figures/data (notebooks/03-kernel-tuning.ipynb).
-STATS_LAUNCH = RowLaunch(block_v=2048, num_warps=4)
+STATS_LAUNCH = RowLaunch(block_v=1024, num_warps=1)
 GRADS_LAUNCH = RowLaunch(block_v=8192, num_warps=16)
 
 
