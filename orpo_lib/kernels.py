@@ -207,7 +207,8 @@ class RowLaunch:
     num_warps: int
 
 
-# Chosen from the H200 sweeps in figures/data (notebooks/03-kernel-tuning.ipynb).
+# Chosen from the H200 sweeps in figures/data (notebooks/03-kernel-tuning.ipynb); the statistics kernel's
+# was the best of row-stats-slots-sweep-2026-12-03-h200.json, and within noise of the best in later sweeps.
 STATS_LAUNCH = RowLaunch(block_v=1024, num_warps=1)
 GRADS_LAUNCH = RowLaunch(block_v=8192, num_warps=16)
 

@@ -70,7 +70,7 @@ def test_committed_data_gives_every_figure_with_short_captions(tmp_path):
         if path.suffix == ".svg":
             text = path.read_text()
             assert "python -m orpo_lib.bench" not in text and "--sweep" not in text, path.name
-    assert "commit a2e1a91 (bench-2026-12-03-h200-t1024.json" in (tmp_path / "out" / "batch-scaling-full-T4096.svg").read_text()
+    assert "commit 27249d8 (bench-2026-12-03-h200-t1024.json" in (tmp_path / "out" / "batch-scaling-full-T4096.svg").read_text()
     assert "B=8, T=4096" in (tmp_path / "out" / "chunk-pareto.svg").read_text()
     assert "mask-2026-12-03-h200.json" in (tmp_path / "out" / "mask-prompt-half.svg").read_text()
 

@@ -102,7 +102,7 @@ def test_kernel_tuning_prediction_and_recorded_sweeps(runs):
     assert set(best) == {"stats", "grads"}
     for kernel, point in best.items():
         assert point == max((p for p in record.sweeps["row_kernel"] if p["kernel"] == kernel), key=lambda p: p["gbps"])
-    assert 2000 < best["stats"]["gbps"] < 3500 < best["grads"]["gbps"] < 4800  # around the assumed 3.5 TB/s; HBM peak 4.8
+    assert 3000 < best["stats"]["gbps"] < 4800 and 3500 < best["grads"]["gbps"] < 4800  # near the assumed 3.5 TB/s; HBM peak 4.8
 
 
 def test_kernel_tuning_profile_accuracy_and_findings(runs):
@@ -136,19 +136,19 @@ def test_batch_scaling_reads_the_record(runs):
 
 
 def test_batch_scaling_against_the_targets(runs):
-    """The recorded H200 ratios: forward+backward 1.04–1.15× the floor, within 1.05 (at two decimals)
-    at 8×1024 and 16×4096; no-grad forward 1.04–1.30× the logits GEMM, within 1.05 at 4×4096 and
-    8×4096; the lean setting under 2 GiB and 1.40× at 16×4096; the masked fused step 0.52–0.61× the
-    unmasked floor."""
+    """The recorded H200 ratios: forward+backward 1.01–1.10× the floor, within 1.05 (at two decimals)
+    at 8×1024, 8×4096 and 16×4096; no-grad forward 1.04–1.17× the logits GEMM, within 1.05 at 8×4096;
+    the lean setting under 2 GiB and 1.40× at 16×4096; the masked fused step 0.53–0.58× the unmasked
+    floor."""
     r = _record(runs, "04-batch-scaling")
     full, no_grad = r["fused_full_x_floor_all"], r["fused_eval_x_floor_all"]
     assert len(full) == len(no_grad) == 8
-    assert 1.04 < min(full) < 1.05 and 1.14 < max(full) < 1.15
-    assert 1.04 < min(no_grad) < 1.05 and 1.29 < max(no_grad) < 1.30
+    assert 1.01 < min(full) < 1.02 and 1.09 < max(full) < 1.10
+    assert 1.04 < min(no_grad) < 1.05 and 1.16 < max(no_grad) < 1.17
     met = r["time_findings"][0].split("met (at two decimals) only at ")[1].rstrip(".").split(", ")
-    assert sorted(met) == sorted(["8×1024", "16×4096"])
+    assert sorted(met) == sorted(["8×1024", "8×4096", "16×4096"])
     met_no_grad = r["time_findings"][1].split("met (at two decimals) only at ")[1].split(". ")[0].split(", ")
-    assert sorted(met_no_grad) == sorted(["4×4096", "8×4096"])
-    assert all(0.5 < x < 0.65 for x in r["mask_fused_x_unmasked_floor"]) and len(r["mask_fused_x_unmasked_floor"]) == 2
-    assert any("16×4096: 1.90 GiB at 1.33× the floor (5 blocks a pair, 4 of them computed twice: 3.80 GEMMs, 1.27×"
+    assert met_no_grad == ["8×4096"]
+    assert all(0.52 < x < 0.59 for x in r["mask_fused_x_unmasked_floor"]) and len(r["mask_fused_x_unmasked_floor"]) == 2
+    assert any("16×4096: 1.90 GiB at 1.31× the floor (5 blocks a pair, 4 of them computed twice: 3.80 GEMMs, 1.27×"
                in line for line in r["time_findings"])
