@@ -34,10 +34,10 @@ REPS = 15
 
 @triton.jit
 def persistent_row_stats_kernel(logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
-                                logit_sum_ptr, lse_ptr, n_rows, V, BLOCK_V: tl.constexpr):
+                                logit_sum_ptr, lse_ptr, n_rows, V, BLOCK_V: tl.constexpr, SLOT: tl.constexpr):
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
-                   logit_sum_ptr, lse_ptr, V, BLOCK_V)
+                   logit_sum_ptr, lse_ptr, V, BLOCK_V, SLOT)
 
 
 @triton.jit
@@ -83,8 +83,10 @@ class Problem:
             kernels.row_stats(self.logits[s], *args)
             return
         launch = kernels.STATS_LAUNCH
+        block_v = kernels._block_v(V, launch)
         persistent_row_stats_kernel[(programs,)](
-            self.logits[s], V, *args, ROWS // k, V, BLOCK_V=kernels._block_v(V, launch), num_warps=launch.num_warps)
+            self.logits[s], V, *args, ROWS // k, V, BLOCK_V=block_v, SLOT=kernels.stats_slot(block_v),
+            num_warps=launch.num_warps)
 
     def grads_kernel(self, i, k, programs):
         s = self.piece(i, k)

@@ -21,10 +21,6 @@ import triton
 import triton.language as tl
 
 
-# Columns per slot of row_stats' running statistics: one 16-byte load of bf16 or fp16.
-STATS_LANE = tl.constexpr(8)
-
-
 @triton.jit
 def _log1p(x):
     # log(1 + x) without losing a tiny x to rounding (Goldberg's trick; tl has no log1p).
@@ -52,14 +48,15 @@ def row_stats_kernel(
     lse_ptr,  # (B*T,) fp32 out: log-sum-exp of the row, for row_grads_kernel
     V,  # at least BLOCK_V
     BLOCK_V: tl.constexpr,
+    SLOT: tl.constexpr,  # adjacent columns that share a running max and sum (stats_slot(BLOCK_V))
 ):
     _row_stats(tl.program_id(0), logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
-               logit_sum_ptr, lse_ptr, V, BLOCK_V)
+               logit_sum_ptr, lse_ptr, V, BLOCK_V, SLOT)
 
 
 @triton.jit
 def _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
-               logit_sum_ptr, lse_ptr, V, BLOCK_V: tl.constexpr):
+               logit_sum_ptr, lse_ptr, V, BLOCK_V: tl.constexpr, SLOT: tl.constexpr):
     row_ptr, target, nll_target, token = _this_row(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
     has_target = target >= 0
     has_nll = nll_target >= 0
@@ -80,14 +77,14 @@ def _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_pt
     tail_sum = tl.sum(tl.where(in_row & (cols != target), tl.exp(x - tail_ref), 0.0), axis=0)
     logit_sum = tl.sum(tl.where(in_row, x, 0.0), axis=0)
 
-    # The whole blocks as (BLOCK_V / LANE, LANE) tiles: each slot of LANE adjacent columns (one
+    # The whole blocks as (BLOCK_V / SLOT, SLOT) tiles: each slot of SLOT adjacent columns (one
     # thread's vector load) keeps its own running max and sum, so that a step reduces within threads
     # only; the slots are combined once, after the loop. The next block is loaded before the current
     # one is reduced, so a load is always in flight.
-    slot = tl.arange(0, BLOCK_V // STATS_LANE)[:, None] * STATS_LANE + tl.arange(0, STATS_LANE)[None, :]
-    slot_max = tl.full([BLOCK_V // STATS_LANE], float("-inf"), tl.float32)
-    slot_sum = tl.zeros([BLOCK_V // STATS_LANE], tl.float32)
-    slot_logit_sum = tl.zeros([BLOCK_V // STATS_LANE], tl.float32)
+    slot = tl.arange(0, BLOCK_V // SLOT)[:, None] * SLOT + tl.arange(0, SLOT)[None, :]
+    slot_max = tl.full([BLOCK_V // SLOT], float("-inf"), tl.float32)
+    slot_sum = tl.zeros([BLOCK_V // SLOT], tl.float32)
+    slot_logit_sum = tl.zeros([BLOCK_V // SLOT], tl.float32)
     last_start = tail - BLOCK_V
     next_x = tl.load(row_ptr + slot)
     for start in range(0, tail, BLOCK_V):
@@ -218,6 +215,11 @@ def _block_v(vocab: int, launch: RowLaunch) -> int:
     return min(launch.block_v, 1 << (vocab.bit_length() - 1))
 
 
+def stats_slot(block_v: int) -> int:
+    """Columns per slot of row_stats' running statistics: 8 (one 16-byte load of bf16), fewer in a tiny row."""
+    return min(8, block_v)
+
+
 def _rows_of(logits):
     if logits.stride(1) != 1:
         raise ValueError("logits chunk must have unit stride along the vocabulary")
@@ -228,9 +230,10 @@ def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, lse,
               launch: RowLaunch = STATS_LAUNCH) -> None:
     """Launch ``row_stats_kernel`` over every row of ``logits`` (a (C, V) chunk, unit column stride)."""
     rows, vocab = _rows_of(logits)
+    block_v = _block_v(vocab, launch)
     row_stats_kernel[(rows,)](
         logits, logits.stride(0), target, nll_target, token, logp, nll_logp, logit_sum, lse, vocab,
-        BLOCK_V=_block_v(vocab, launch), num_warps=launch.num_warps,
+        BLOCK_V=block_v, SLOT=stats_slot(block_v), num_warps=launch.num_warps,
     )
 
 

@@ -67,7 +67,7 @@ def test_persistent_row_kernels_equal_the_library_kernels():
     got = stats()
     block_v = kernels._block_v(vocab, kernels.STATS_LAUNCH)
     stream_overlap.persistent_row_stats_kernel[(programs,)](logits, vocab, target, nll_target, token, *got, rows, vocab,
-                                                            BLOCK_V=block_v)
+                                                            BLOCK_V=block_v, SLOT=kernels.stats_slot(block_v))
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and not want[3].isnan().any()
 
     logp, nll_logp, _, lse = want

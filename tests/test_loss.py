@@ -164,6 +164,15 @@ def test_first_gemm_is_queued_before_the_rest_of_the_setup(monkeypatch, ignored_
     assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
 
 
+@pytest.mark.parametrize("vocab", [2, 5, 8, 9])
+def test_tiny_vocabularies(vocab):
+    """Rows shorter than a row kernel's usual step (and than a slot of row_stats) still match the reference."""
+    problem = make_problem(4, 5, 16, vocab, with_nll_target=True, with_bias=True, seed=vocab)
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+
+
 def test_non_contiguous_hidden():
     problem = make_problem(4, 7, 48, 517, seed=6)
     ref, ref_grads = reference_with_grads(problem)
