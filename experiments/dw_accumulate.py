@@ -12,7 +12,6 @@ each variant launches are named from the profiler.
 """
 import contextlib
 import os
-import random
 import statistics
 import sys
 
@@ -59,13 +58,6 @@ def variants(g, x, acc, acc_t, dw, grad_scale):
     }
 
 
-def kernel_names(run) -> list:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    return sorted({e.key[:100] for e in prof.key_averages() if e.device_time_total > 0})
-
-
 def main():
     device = torch.device("cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -87,22 +79,13 @@ def main():
                 run()
                 error = ((total - expected).abs().max() / expected.abs().max()).item()
                 assert error < 1e-5, f"{name}: relative error {error:.2e}"
-        times = {name: [] for name in calls}
-        for name, (run, _) in calls.items():  # warm-up
-            for _ in range(3):
-                run()
-        order = random.Random(0)
-        names = list(calls)
-        for _ in range(REPS):
-            order.shuffle(names)
-            for name in names:
-                times[name].append(bench._elapsed_ms(calls[name][0], device))
+        times = bench.time_interleaved({name: run for name, (run, _) in calls.items()}, device, warmup=3, reps=REPS)
         flops = 2 * rows * V * H
         for name, (run, _) in calls.items():
             ms = statistics.median(times[name])
             results.append({"rows": rows, "variant": name, "ms": ms, "min_ms": min(times[name]),
                             "tflops": flops / ms / 1e9 if "final" not in name else None,
-                            "kernels": kernel_names(run)})
+                            "kernels": bench.kernel_names(run)})
             print(results[-1], flush=True)
         del g, x, start, expected
         torch.cuda.empty_cache()

@@ -10,7 +10,6 @@ the kernels that cuBLAS chose are named from the profiler.
     python experiments/gemm_rows.py      # on a CUDA machine, from the repository root
 """
 import os
-import random
 import statistics
 import sys
 
@@ -23,13 +22,6 @@ H, V = 4096, 128256
 ROWS = 16384
 PIECES = (2048, 4096, 8192, 16384)
 REPS = 10
-
-
-def kernel_names(run) -> list:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    return sorted({e.key[:100] for e in prof.key_averages() if e.device_time_total > 0 and "Memset" not in e.key})
 
 
 def main():
@@ -54,22 +46,13 @@ def main():
         return run
 
     calls = {(gemm, m): make(m) for gemm, make in (("logits", logits_gemm), ("dX", dx_gemm)) for m in PIECES}
-    for run in calls.values():
-        for _ in range(2):
-            run()
-    times = {key: [] for key in calls}
-    order = random.Random(0)
-    keys = list(calls)
-    for _ in range(REPS):
-        order.shuffle(keys)
-        for key in keys:
-            times[key].append(bench._elapsed_ms(calls[key], device))
+    times = bench.time_interleaved(calls, device, warmup=2, reps=REPS)
     flops = 2 * ROWS * H * V
     results = []
     for (gemm, m), run in calls.items():
         ms = statistics.median(times[gemm, m])
         results.append({"gemm": gemm, "piece_rows": m, "rows": ROWS, "ms": ms, "min_ms": min(times[gemm, m]),
-                        "tflops": flops / ms / 1e9, "kernels": kernel_names(run)})
+                        "tflops": flops / ms / 1e9, "kernels": bench.kernel_names(run, skip=("Memset",))})
         print(results[-1], flush=True)
     bench.save_experiment("gemm-rows", results, device)
     print(f"\n{'GEMM':6} {'piece rows':>10} {'ms':>8} {'TFLOP/s':>8}  kernel")

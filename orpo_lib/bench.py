@@ -200,6 +200,31 @@ def time_call(run, device, warmup=2, reps=10):
     return _summary([_elapsed_ms(run, device) for _ in range(reps)])
 
 
+def time_interleaved(calls: dict, device, warmup=2, reps=10) -> dict:
+    """Milliseconds of each call in ``calls`` (name → call), ``reps`` of each after ``warmup``: every round
+    takes each call once, in a new seeded order, as ``measure_interleaved`` does. Returns name → times."""
+    for run in calls.values():
+        for _ in range(warmup):
+            run()
+    times = {name: [] for name in calls}
+    order, names = random.Random(0), list(calls)
+    for _ in range(reps):
+        order.shuffle(names)
+        for name in names:
+            times[name].append(_elapsed_ms(calls[name], device))
+    return times
+
+
+def kernel_names(run, skip=()) -> list:
+    """The names (first 100 characters) of the GPU kernels one call of ``run`` launches, but those that
+    contain a string of ``skip``, from the PyTorch profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return sorted({e.key[:100] for e in prof.key_averages()
+                   if e.device_time_total > 0 and not any(s in e.key for s in skip)})
+
+
 def peak_memory(run, device):
     """(peak GiB, peak GiB over what was allocated before the call); None on the CPU."""
     if device.type != "cuda":

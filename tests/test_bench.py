@@ -94,6 +94,18 @@ def test_timed_repetitions_take_turns_and_a_failing_provider_drops_out(monkeypat
     assert inputs[0].grad is None and inputs[1].grad is None
 
 
+def test_time_interleaved_warms_up_then_takes_turns():
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = bench.time_interleaved(runs, torch.device("cpu"), warmup=2, reps=4)
+    assert calls[:6] == ["a", "a", "b", "b", "c", "c"]  # the warm-up, call by call
+    rounds = [calls[i:i + 3] for i in range(6, 18, 3)]
+    assert len(calls) == 18 and all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # not one fixed order
+    assert {name: len(t) for name, t in times.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(ms >= 0 for t in times.values() for ms in t)
+
+
 def test_inputs_are_random_not_zero():
     w = bench.Workload(2, 16, 32, 101, "fp32", mask="prompt-half")
     hidden, weight, target, nll_target = bench.make_inputs(w, torch.device("cpu"))
