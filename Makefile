@@ -12,11 +12,11 @@ help:  ## list the targets
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test,trl]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-setup: $(STAMP)  ## create .venv with the package, notebook and test extras (CPU torch)
+setup: $(STAMP)  ## create .venv with the package, notebook, test and trl extras (CPU torch)
 
 test: $(STAMP)  ## run the test suite (CPU: Triton kernels through the interpreter)
 	$(PY) -m pytest -q
@@ -36,7 +36,7 @@ lab: $(STAMP)  ## open the workbook in JupyterLab (kernel python3 from .venv; no
 ui-test: $(STAMP)  ## run, check and screenshot every notebook in JupyterLab + Chromium (build/ui)
 	test -x /usr/bin/chromium || { as_root=$$([ "$$(id -u)" = 0 ] || echo sudo); $$as_root apt-get update -qq && \
 		$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
-	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test,ui-test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test,trl,ui-test]'
 	UI_TEST=1 timeout --foreground -k 30 1800 $(PY) -m pytest -v tests/ui
 
 strip: $(STAMP)  ## strip outputs from the committed notebooks

@@ -32,7 +32,8 @@ import torch
 from . import kernels
 from ._triton_mode import INTERPRET
 from .baseline import orpo_loss_baseline
-from .fused import _addmm_, fused_linear_orpo_loss
+from .chunked import _addmm_
+from .fused import fused_linear_orpo_loss
 from .memory import LEAN_CHUNK_ROWS, fused_chunk_rows
 
 SEED_SHAPES = [(b, t) for t in (1024, 4096) for b in (2, 4, 8, 16)]
@@ -377,7 +378,7 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
     def row_grads():
         logits.copy_(snapshot)  # every repetition rewrites real logits, not last round's gradient
         kernels.row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef,
-                          nll_coef=-1.0 / chunk_rows, seq_len=1)
+                          nll_tokens=chunk_rows, seq_len=1)
 
     row_stats()  # real statistics for the gradient pass
     stages = {
@@ -424,7 +425,7 @@ def row_kernel_sweep(w: Workload, device, chunk_rows, launches, *, warmup, reps)
         "stats": lambda launch: kernels.row_stats(logits, target, target, token, logp, nll_logp, logit_sum, lse,
                                                   launch=launch),
         "grads": lambda launch: kernels.row_grads(logits, target, target, token, logp, nll_logp, lse, seq_coef,
-                                                  nll_coef=-1.0 / chunk_rows, seq_len=1, launch=launch),
+                                                  nll_tokens=chunk_rows, seq_len=1, launch=launch),
     }
     rows = []
     for launch in launches:

@@ -8,8 +8,8 @@ A chunk of logits (C rows × V) sits in one buffer written by the logits GEMM. T
   place into dL/dlogits (one read, one write), the target columns set from the precise float32
   log-probs. The same kernel serves logits recomputed in a second pass: it needs only the saved
   log-sum-exp.
-* ``scale_kernel`` — backward's upstream gradient on the finished sums: ``out = g·x`` in one pass,
-  the float32 dW sum cast to the weight dtype as it is stored. (torch's multiply by a 0-d device
+* ``scale_kernel`` — backward's upstream gradient on the finished sums: ``out = g·x`` in one pass into a
+  new tensor, the float32 dW sum cast to the weight dtype as it is stored. (torch's multiply by a 0-d device
   tensor takes an unvectorised path: on the H200 it spent 2.4 ms on the 128256×4096 float32 dW.)
 """
 
@@ -58,10 +58,11 @@ def row_stats_kernel(
 def _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
                logit_sum_ptr, lse_ptr, V, BLOCK_V: tl.constexpr, SLOT: tl.constexpr):
     row_ptr, target, nll_target, token = _this_row(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
+    acc = lse_ptr.dtype.element_ty  # float32, or float64 for float64 inputs
     has_target = target >= 0
     has_nll = nll_target >= 0
-    target_logit = tl.load(row_ptr + target, mask=has_target, other=0.0).to(tl.float32)
-    nll_logit = tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(tl.float32)
+    target_logit = tl.load(row_ptr + target, mask=has_target, other=0.0).to(acc)
+    nll_logit = tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(acc)
 
     # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
     # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
@@ -71,7 +72,7 @@ def _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_pt
     tail = V // BLOCK_V * BLOCK_V
     cols = tail + offs
     in_row = cols < V
-    x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+    x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(acc)
     tail_max = tl.max(x, axis=0)  # -inf when V is a multiple of BLOCK_V (an empty tail)
     tail_ref = tl.where(tail_max == float("-inf"), 0.0, tail_max)  # so that no -inf - -inf is ever formed
     tail_sum = tl.sum(tl.where(in_row & (cols != target), tl.exp(x - tail_ref), 0.0), axis=0)
@@ -82,13 +83,13 @@ def _row_stats(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_pt
     # only; the slots are combined once, after the loop. The next block is loaded before the current
     # one is reduced, so a load is always in flight.
     slot = tl.arange(0, BLOCK_V // SLOT)[:, None] * SLOT + tl.arange(0, SLOT)[None, :]
-    slot_max = tl.full([BLOCK_V // SLOT], float("-inf"), tl.float32)
-    slot_sum = tl.zeros([BLOCK_V // SLOT], tl.float32)
-    slot_logit_sum = tl.zeros([BLOCK_V // SLOT], tl.float32)
+    slot_max = tl.full([BLOCK_V // SLOT], float("-inf"), acc)
+    slot_sum = tl.zeros([BLOCK_V // SLOT], acc)
+    slot_logit_sum = tl.zeros([BLOCK_V // SLOT], acc)
     last_start = tail - BLOCK_V
     next_x = tl.load(row_ptr + slot)
     for start in range(0, tail, BLOCK_V):
-        block = next_x.to(tl.float32)
+        block = next_x.to(acc)
         # the last step reloads its own block rather than reading past the whole blocks
         next_x = tl.load(row_ptr + tl.minimum(start + BLOCK_V, last_start) + slot)
         new_max = tl.maximum(slot_max, tl.max(block, axis=1))
@@ -124,10 +125,12 @@ def _log_probs(row_max, other_sum, target_logit, nll_logit, target, nll_target):
 
 @triton.jit
 def _expm1(x):
-    # exp(x) - 1 for x <= 0 without losing a tiny x to rounding (Kahan's trick; tl has no expm1).
+    # exp(x) - 1 for x <= 0. Near 0, Kahan's trick keeps a tiny x from rounding away (tl has no expm1);
+    # below -1/2 the plain difference has no cancellation, and the trick would fail where exp(x) is a
+    # float32 subnormal (x < -87.3: its log is no longer x), so the plain form is used there.
     u = tl.exp(x)
     ratio = (u - 1.0) * x / tl.log(tl.where((u == 1.0) | (u == 0.0), 0.5, u))
-    return tl.where(u == 1.0, x, tl.where(u == 0.0, -1.0, ratio))
+    return tl.where(x < -0.5, u - 1.0, tl.where(u == 1.0, x, ratio))
 
 
 @triton.jit
@@ -146,30 +149,25 @@ def row_grads_kernel(
     token_ptr,  # (C,) int64 index of each row in the flattened (B*T) per-token arrays
     logp_ptr,  # (B*T,) fp32 log p(target), from row_stats_kernel
     nll_logp_ptr,  # (B*T,) fp32 log p(nll target)
-    lse_ptr,  # (B*T,) fp32 log-sum-exp of each row
+    lse_ptr,  # (B*T,) fp32 log-sum-exp of each row (fp64 for float64 inputs, like the two above)
     seq_coef_ptr,  # (B,) fp32 dL/dlogp of each odds-ratio token of the sequence
-    grad_scale_ptr,  # fp32 scalar multiplying the whole gradient (the upstream gradient), if HAS_GRAD_SCALE
-    nll_coef,  # dL/dlogp of each NLL token: -1 / (NLL tokens), 0 without the NLL term
+    nll_tokens,  # NLL tokens in the batch: each one's dL/dlogp is -1 / nll_tokens (an int, exact in any dtype)
     seq_len,
     V,  # at least BLOCK_V
-    HAS_GRAD_SCALE: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     _row_grads(tl.program_id(0), logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr,
-               lse_ptr, seq_coef_ptr, grad_scale_ptr, nll_coef, seq_len, V, HAS_GRAD_SCALE, BLOCK_V)
+               lse_ptr, seq_coef_ptr, nll_tokens, seq_len, V, BLOCK_V)
 
 
 @triton.jit
 def _row_grads(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr, logp_ptr, nll_logp_ptr, lse_ptr,
-               seq_coef_ptr, grad_scale_ptr, nll_coef, seq_len, V, HAS_GRAD_SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+               seq_coef_ptr, nll_tokens, seq_len, V, BLOCK_V: tl.constexpr):
     row_ptr, target, nll_target, token = _this_row(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_ptr)
+    acc = lse_ptr.dtype.element_ty
     # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b.
     a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len), 0.0)
-    b = tl.where(nll_target >= 0, nll_coef, 0.0)
-    if HAS_GRAD_SCALE:
-        grad_scale = tl.load(grad_scale_ptr)
-        a *= grad_scale
-        b *= grad_scale
+    b = tl.where(nll_target >= 0, -1.0 / nll_tokens.to(acc), 0.0)
     s = a + b
     # The target columns from expm1(log p) = p - 1, so that nothing cancels when p ≈ 1:
     # G[y] = a - s·p_y = -(s·expm1(log p_y) + b), or -s·expm1(log p_y) when y' = y (then a + b = s);
@@ -185,14 +183,14 @@ def _row_grads(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_pt
     tail = V // BLOCK_V * BLOCK_V
     for start in range(0, tail, BLOCK_V):
         x = tl.load(row_ptr + start + offs)
-        grad = neg_s * tl.exp(x.to(tl.float32) - lse)
+        grad = neg_s * tl.exp(x.to(acc) - lse)
         if ((target >= start) & (target < start + BLOCK_V)) | ((nll_target >= start) & (nll_target < start + BLOCK_V)):
             grad = _target_columns(grad, start + offs, target, nll_target, target_grad, nll_grad)
         tl.store(row_ptr + start + offs, grad.to(out_dtype))
     cols = tail + offs
     in_row = cols < V
     x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))  # exp(-inf) = 0: nothing overflows
-    grad = _target_columns(neg_s * tl.exp(x.to(tl.float32) - lse), cols, target, nll_target, target_grad, nll_grad)
+    grad = _target_columns(neg_s * tl.exp(x.to(acc) - lse), cols, target, nll_target, target_grad, nll_grad)
     tl.store(row_ptr + cols, grad.to(out_dtype), mask=in_row)
 
 
@@ -237,15 +235,14 @@ def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, lse,
     )
 
 
-def row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef, *, nll_coef: float, seq_len: int,
-              grad_scale=None, launch: RowLaunch = GRADS_LAUNCH) -> None:
-    """Launch ``row_grads_kernel``: every row of ``logits`` rewritten into dL/dlogits (times ``grad_scale``,
-    a 0-d float32 tensor, when given)."""
+def row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef, *, nll_tokens: int, seq_len: int,
+              launch: RowLaunch = GRADS_LAUNCH) -> None:
+    """Launch ``row_grads_kernel``: every row of ``logits`` rewritten into dL/dlogits (``nll_tokens``: the NLL
+    term's normaliser; rows without an NLL target, -1, ignore it)."""
     rows, vocab = _rows_of(logits)
     row_grads_kernel[(rows,)](
-        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, lse, seq_coef,
-        seq_coef if grad_scale is None else grad_scale, nll_coef, seq_len, vocab,
-        HAS_GRAD_SCALE=grad_scale is not None, BLOCK_V=_block_v(vocab, launch), num_warps=launch.num_warps,
+        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, lse, seq_coef, nll_tokens, seq_len, vocab,
+        BLOCK_V=_block_v(vocab, launch), num_warps=launch.num_warps,
     )
 
 
@@ -253,13 +250,15 @@ def row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef, 
 def scale_kernel(x_ptr, scale_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < n
-    x = tl.load(x_ptr + offs, mask=in_range).to(tl.float32)
-    tl.store(out_ptr + offs, (x * tl.load(scale_ptr)).to(out_ptr.dtype.element_ty), mask=in_range)
+    scale = tl.load(scale_ptr)  # float32, or float64 for float64 inputs: the product is formed in its dtype
+    x = tl.load(x_ptr + offs, mask=in_range).to(scale.dtype)
+    tl.store(out_ptr + offs, (x * scale).to(out_ptr.dtype.element_ty), mask=in_range)
 
 
 def scale(x, scale_by, out):
     """``out = scale_by * x`` for contiguous tensors of the same shape (``out`` may be ``x``); ``scale_by`` is a
-    0-d float32 tensor; the product is formed in float32 and rounded once to ``out``'s dtype. Returns ``out``."""
+    0-d float32 (or float64) tensor; the product is formed in its dtype and rounded once to ``out``'s dtype.
+    Returns ``out``."""
     if not (x.is_contiguous() and out.is_contiguous() and x.shape == out.shape):
         raise ValueError("scale needs contiguous x and out of the same shape")
     block = 4096

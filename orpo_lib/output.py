@@ -7,7 +7,7 @@ import torch
 
 @dataclass
 class ORPOOutput:
-    loss: torch.Tensor  # scalar, differentiable: nll_loss + or_loss (or or_loss alone)
+    loss: torch.Tensor  # scalar, differentiable: nll_loss + or_loss (or or_loss alone); float32 (float64 inputs: float64)
     nll_loss: torch.Tensor  # token-mean NLL over the chosen half (0 when not computed)
     or_loss: torch.Tensor  # -beta * mean(logsigmoid(log_odds))
     chosen_logps: torch.Tensor  # (B/2,) length-averaged log-prob of each chosen sequence
@@ -33,23 +33,24 @@ class ORPOOutput:
 
 def orpo_output(loss, nll_loss, or_loss, chosen_logps, rejected_logps, log_odds, *, beta,
                 chosen_logits_mean, rejected_logits_mean) -> ORPOOutput:
-    """Assemble the output from the per-pair quantities; metrics are detached float32."""
-    c = chosen_logps.detach().float()
-    r = rejected_logps.detach().float()
+    """Assemble the output from the per-pair quantities; metrics are detached, in the loss's dtype."""
+    dtype = loss.dtype
+    c = chosen_logps.detach().to(dtype)
+    r = rejected_logps.detach().to(dtype)
     log_odds = log_odds.detach()
     chosen_rewards, rejected_rewards = beta * c, beta * r
     return ORPOOutput(
         loss=loss,
-        nll_loss=nll_loss.detach().float(),
-        or_loss=or_loss.detach().float(),
+        nll_loss=nll_loss.detach().to(dtype),
+        or_loss=or_loss.detach().to(dtype),
         chosen_logps=c,
         rejected_logps=r,
-        log_odds_ratio=torch.nn.functional.logsigmoid(log_odds).mean().float(),
-        log_odds_chosen=log_odds.mean().float(),
+        log_odds_ratio=torch.nn.functional.logsigmoid(log_odds).mean().to(dtype),
+        log_odds_chosen=log_odds.mean().to(dtype),
         chosen_rewards=chosen_rewards,
         rejected_rewards=rejected_rewards,
-        reward_accuracy=(chosen_rewards > rejected_rewards).float().mean(),
+        reward_accuracy=(chosen_rewards > rejected_rewards).to(dtype).mean(),
         reward_margin=(chosen_rewards - rejected_rewards).mean(),
-        chosen_logits_mean=chosen_logits_mean.detach().float(),
-        rejected_logits_mean=rejected_logits_mean.detach().float(),
+        chosen_logits_mean=chosen_logits_mean.detach().to(dtype),
+        rejected_logits_mean=rejected_logits_mean.detach().to(dtype),
     )

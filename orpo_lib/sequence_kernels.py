@@ -90,7 +90,7 @@ def _log1mexp(x):
 def pair_terms_kernel(
     logp_ptr,  # (B*T,) fp32 log p(target) of every token, 0 where ignored
     tokens_per_seq_ptr,  # (B,) fp32 odds-ratio tokens of each sequence
-    seq_logp_ptr,  # (B,) fp32 out: mean token log-prob of each sequence
+    seq_logp_ptr,  # (B,) fp32 out: mean token log-prob of each sequence (this and the logps fp64 for float64 inputs)
     seq_coef_ptr,  # (B,) fp32 out: dL/dlogp of each odds-ratio token of the sequence
     log_odds_ptr,  # (B/2,) fp64 out
     pair_loss_ptr,  # (B/2,) fp64 out: -beta * logsigmoid(log_odds)
@@ -104,8 +104,9 @@ def pair_terms_kernel(
     pair = first_pair + tl.program_id(0)
     rejected = pair + pairs
     offs = tl.arange(0, BLOCK_T)
-    chosen_sums = tl.zeros([BLOCK_T], dtype=tl.float32)
-    rejected_sums = tl.zeros([BLOCK_T], dtype=tl.float32)
+    acc = seq_logp_ptr.dtype.element_ty  # float32, or float64 for float64 inputs
+    chosen_sums = tl.zeros([BLOCK_T], dtype=acc)
+    rejected_sums = tl.zeros([BLOCK_T], dtype=acc)
     for start in range(0, T, BLOCK_T):
         t = start + offs
         chosen_sums += tl.load(logp_ptr + pair * T + t, mask=t < T, other=0.0)
@@ -128,8 +129,8 @@ def pair_terms_kernel(
     pair_loss = -beta * (tl.minimum(log_odds, 0.0) - _log1p(e))
     slope = -beta * tl.where(log_odds >= 0, e, 1.0) / (1.0 + e)
     # d log_odds / dc = 1 / (1 - e^c),  d log_odds / dr = -1 / (1 - e^r); the loss is the mean over pairs
-    chosen_coef = (slope / -_expm1(c) / pairs).to(tl.float32) / chosen_tokens
-    rejected_coef = (-slope / -_expm1(r) / pairs).to(tl.float32) / rejected_tokens
+    chosen_coef = (slope / -_expm1(c) / pairs).to(acc) / chosen_tokens
+    rejected_coef = (-slope / -_expm1(r) / pairs).to(acc) / rejected_tokens
     tl.store(seq_coef_ptr + pair, chosen_coef)
     tl.store(seq_coef_ptr + rejected, rejected_coef)
     tl.store(log_odds_ptr + pair, log_odds)

@@ -1,5 +1,7 @@
 """Input checks shared by every implementation: a clear error naming the argument, before any work."""
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -8,11 +10,14 @@ from ._triton_mode import INTERPRET
 from .sequence_kernels import label_stats
 
 
-def check_arguments(hidden, weight, target, bias, nll_target, *, beta, chunk_size=None) -> None:
-    """Shape, dtype and device checks that need no look at the values."""
+def check_arguments(hidden, weight, target, bias, nll_target) -> None:
+    """Shape, dtype and device checks of the tensors, which need no look at their values."""
     for name, tensor in (("hidden", hidden), ("weight", weight), ("target", target)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if hidden.dim() == 2 and weight.dim() == 3:
+        raise ValueError(f"hidden comes first, then weight: got a 2-D hidden {tuple(hidden.shape)} and a 3-D weight "
+                         f"{tuple(weight.shape)} (Liger's ORPO loss takes the weight first)")
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be 3-D (batch, seq, hidden), got shape {tuple(hidden.shape)}")
     batch, seq, hidden_size = hidden.shape
@@ -54,10 +59,21 @@ def check_arguments(hidden, weight, target, bias, nll_target, *, beta, chunk_siz
             raise TypeError(f"{name} must be an integer tensor of token ids, got {labels.dtype}")
         if labels.device != hidden.device:
             raise ValueError(f"{name} is on {labels.device} but hidden is on {hidden.device}")
-    if not isinstance(beta, (int, float)) or isinstance(beta, bool):
-        raise TypeError(f"beta must be a number, got {type(beta).__name__}")
+
+
+def check_options(*, beta, ignore_index, compute_nll_loss, chunk_size=None, fp32_weight_grad=True) -> None:
+    """The non-tensor options: right type and range, or an error naming the option."""
+    if not isinstance(beta, numbers.Real) or isinstance(beta, bool):
+        raise TypeError(f"beta must be a real number, got {type(beta).__name__}")
+    if not math.isfinite(beta):
+        raise ValueError(f"beta must be finite, got {beta}")
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    for name, flag in (("compute_nll_loss", compute_nll_loss), ("fp32_weight_grad", fp32_weight_grad)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     if chunk_size is not None:
-        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool):
+        if not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool):
             raise TypeError(f"chunk_size must be an int or None, got {type(chunk_size).__name__}")
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be a positive number of token rows, got {chunk_size}")
@@ -85,6 +101,11 @@ class TokenCounts:
     @property
     def nll_valid(self) -> torch.Tensor:
         return self.nll_ids >= 0
+
+    @property
+    def kept_mask(self) -> torch.Tensor:
+        """(B, T) the tokens some target needs."""
+        return self.target_valid | self.nll_valid
 
 
 def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool) -> TokenCounts:

@@ -8,9 +8,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import stats_gemm  # noqa: E402
-import stream_overlap  # noqa: E402
 
-from orpo_lib import kernels  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -46,35 +44,3 @@ def test_statistics_epilogue_matches_float64(dtype, with_bias, separate_nll):
         assert torch.allclose(out[token].double(), want, rtol=1e-5, atol=1e-4), name
     assert -1e-6 < log_probs[0, 7] < 0
     assert outputs[0][token[0]].item() == pytest.approx(log_probs[0, 7].item(), rel=1e-3)
-
-
-def test_persistent_row_kernels_equal_the_library_kernels():
-    """A few programs looping over the rows compute, row for row, what one program per row does (bitwise)."""
-    gen = torch.Generator().manual_seed(5)
-    rows, vocab, programs = 37, 1000, 5  # rows not a multiple of programs, vocab of no block size
-    logits = torch.randn(rows, vocab, generator=gen) * 3
-    target = torch.randint(0, vocab, (rows,), generator=gen, dtype=torch.int32)
-    nll_target = torch.randint(0, vocab, (rows,), generator=gen, dtype=torch.int32)
-    target[::4], nll_target[1::3] = -1, -1
-    token = torch.randperm(rows, generator=gen)
-    seq_len, seq_coef = 19, torch.rand(2, generator=gen)
-
-    def stats():
-        return [torch.full((rows,), float("nan")) for _ in range(4)]  # logp, nll_logp, logit_sum, lse
-
-    want = stats()
-    kernels.row_stats(logits, target, nll_target, token, *want)
-    got = stats()
-    block_v = kernels._block_v(vocab, kernels.STATS_LAUNCH)
-    stream_overlap.persistent_row_stats_kernel[(programs,)](logits, vocab, target, nll_target, token, *got, rows, vocab,
-                                                            BLOCK_V=block_v, SLOT=kernels.stats_slot(block_v))
-    assert all(torch.equal(a, b) for a, b in zip(got, want)) and not want[3].isnan().any()
-
-    logp, nll_logp, _, lse = want
-    want_grad, got_grad = logits.clone(), logits.clone()
-    kernels.row_grads(want_grad, target, nll_target, token, logp, nll_logp, lse, seq_coef, nll_coef=-0.01,
-                      seq_len=seq_len)
-    stream_overlap.persistent_row_grads_kernel[(programs,)](
-        got_grad, vocab, target, nll_target, token, logp, nll_logp, lse, seq_coef, -0.01, seq_len, rows, vocab,
-        BLOCK_V=kernels._block_v(vocab, kernels.GRADS_LAUNCH))
-    assert torch.equal(got_grad, want_grad) and not torch.equal(want_grad, logits)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import orpo_lib
-from orpo_lib.fused import ChunkedORPO, plan_chunks
+from orpo_lib import chunked
+from orpo_lib.schedule import plan_chunks
 from orpo_lib.validation import count_tokens
 from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
 
@@ -138,9 +139,8 @@ def test_every_token_kept_in_token_or_pair_order(batch, chunk_size, token_order)
     (token order); several groups gather and scatter rows in pair order. Same results either way."""
     problem = make_problem(batch, 7, 48, 517, ignored_fraction=0.0, with_bias=True, seed=batch + (chunk_size or 0))
     counts = count_tokens(problem["target"], None, 517, -100, True)
-    run = ChunkedORPO(problem["hidden"], problem["weight"], problem["bias"], counts, beta=0.1, compute_nll_loss=True,
-                      chunk_size=chunk_size, fp32_weight_grad=True, needs_grad=(True, True, True))
-    assert run.token_order == token_order
+    opts = chunked.Options(0.1, True, chunk_size, True, True, True, True, single_block=False)
+    assert chunked.make_plan(problem["hidden"], 517, counts, opts).token_order == token_order
     ref, ref_grads = reference_with_grads(problem)
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=0.75, chunk_size=chunk_size)
     assert_matches_reference(out, {k: g / 0.75 for k, g in grads.items()}, ref, ref_grads, TOLERANCE[torch.float32])
@@ -156,8 +156,8 @@ def test_first_gemm_is_queued_before_the_rest_of_the_setup(monkeypatch, ignored_
     problem = make_problem(4, 7, 48, 517, ignored_fraction=ignored_fraction, seed=9)
     steps = []
     monkeypatch.setattr(torch, "mm", lambda *args, _mm=torch.mm, **kwargs: steps.append("mm") or _mm(*args, **kwargs))
-    allocate = ChunkedORPO._allocate_outputs
-    monkeypatch.setattr(ChunkedORPO, "_allocate_outputs", lambda self: steps.append("allocate") or allocate(self))
+    allocate = chunked.new_token_stats
+    monkeypatch.setattr(chunked, "new_token_stats", lambda *args: steps.append("allocate") or allocate(*args))
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
     assert steps[:2] == ["mm", "allocate"] and steps.count("allocate") == 1, steps
     ref, ref_grads = reference_with_grads(problem)
@@ -222,12 +222,18 @@ def test_no_grad_forward_matches(problem):
     assert rel_err(out.chosen_logps, ref["chosen_logps"]) < 2e-5
 
 
-def test_backward_twice_is_an_error(problem):
-    hidden = problem["hidden"].clone().requires_grad_()
-    loss = orpo_lib.fused_linear_orpo_loss(hidden, problem["weight"], problem["target"]).loss
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="only once"):
-        loss.backward()
+@pytest.mark.parametrize("chunk_size", [None, 5])  # one block (G kept for backward) and several (sums kept)
+def test_second_backward_adds_the_gradients_again(chunk_size):
+    """Through a retained graph, each backward gives the same gradients, as autograd does elsewhere."""
+    problem = make_problem(4, 7, 48, 517, with_bias=True, with_nll_target=True, seed=13)
+    leaves = [problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias")]
+    loss = orpo_lib.fused_linear_orpo_loss(*leaves[:2], problem["target"], leaves[2], nll_target=problem["nll_target"],
+                                           chunk_size=chunk_size).loss
+    (loss * 0.5).backward(retain_graph=True)
+    first = [leaf.grad.clone() for leaf in leaves]
+    (loss * 0.5).backward()
+    for leaf, grad in zip(leaves, first):
+        assert torch.equal(leaf.grad, 2 * grad)  # the same gradients again, added: exactly twice the first
 
 
 @pytest.mark.parametrize("chunk_size", [None, 5])
@@ -241,7 +247,7 @@ def test_deterministic(chunk_size):
 
 
 def test_module_matches_function(problem):
-    module = orpo_lib.FusedLinearORPOLoss(beta=0.3, chunk_size=6)
+    module = orpo_lib.FusedLinearORPOLoss(beta=0.3, chunk_size=6)  # options are keyword-only
     a = module(problem["hidden"], problem["weight"], problem["target"])
     b = orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"], beta=0.3, chunk_size=6)
     assert torch.equal(a.loss, b.loss)
@@ -300,3 +306,62 @@ def test_plan_chunks_packs_whole_pairs_and_splits_long_ones():
     ]
     assert [g.blocks for g in plan_chunks([20], chunk_rows=6)] == [[(0, 5), (5, 10), (10, 15), (15, 20)]]
     assert [g.blocks for g in plan_chunks([13], chunk_rows=6)] == [[(0, 5), (5, 10), (10, 13)]]
+
+
+@pytest.mark.parametrize("logp", [-80.0, -87.0, -88.5, -95.0, -103.5, -110.0])
+def test_target_gradient_is_exact_at_subnormal_probabilities(logp):
+    """A target log-prob of -87.3 or below makes p a float32 subnormal (or 0): the target column of the
+    gradient, -(1 - p) per unit of the coefficient, must still be float32-exact against float64."""
+    weight = torch.eye(2)
+    hidden = torch.tensor([[[0.0, logp]], [[0.0, -1.0]]])  # chosen row: logits (0, logp), target 1
+    target = torch.tensor([[1], [1]])
+    problem = dict(hidden=hidden, weight=weight, bias=None, target=target, nll_target=None)
+    ref, ref_grads = reference_with_grads(problem, beta=1.0, compute_nll_loss=False)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, beta=1.0, compute_nll_loss=False)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name].double(), grad, rtol=2e-6, atol=0), name
+    assert rel_err(out.loss.detach(), ref["loss"]) < 1e-6
+
+
+def test_liger_float32_case_at_its_real_shape():
+    """Liger's own fp32 ORPO test shape (16 rows of T=128, H=1024, V=4096, unscaled randn weights, so logits with
+    std ≈ 32 and target log-probs deep in the float32-subnormal range), with its tolerances (atol 1e-5, rtol 5e-4)
+    against float64, bias and a vocabulary id as ignore_index included."""
+    gen = torch.Generator().manual_seed(0)
+    batch, seq, hidden_size, vocab = 16, 128, 1024, 4096
+    hidden = torch.randn(batch, seq, hidden_size, generator=gen)
+    weight = torch.randn(vocab, hidden_size, generator=gen)
+    bias = torch.randn(vocab, generator=gen)
+    target = torch.randint(0, vocab, (batch, seq), generator=gen)
+    target.view(-1)[torch.randperm(batch * seq, generator=gen)[:700]] = 42
+    problem = dict(hidden=hidden, weight=weight, bias=bias, target=target, nll_target=None)
+    ref, ref_grads = reference_with_grads(problem, beta=0.2, ignore_index=42)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, beta=0.2, ignore_index=42)
+    torch.testing.assert_close(out.loss.double(), ref["loss"].detach(), atol=1e-5, rtol=5e-4)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name].double(), grad, atol=1e-5, rtol=5e-4, msg=name)
+
+
+def test_float64_in_float64_out():
+    """float64 inputs: float64 statistics, loss, metrics and gradients, as close to the reference as float64 allows."""
+    problem = make_problem(4, 7, 48, 517, dtype=torch.float64, with_bias=True, with_nll_target=True, seed=14)
+    ref, ref_grads = reference_with_grads(problem)
+    for chunk_size in (None, 5):
+        out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=chunk_size)
+        assert out.loss.dtype == torch.float64 and out.chosen_logps.dtype == torch.float64
+        assert_matches_reference(out, grads, ref, ref_grads, 1e-10)
+    for dtype in (torch.float32, torch.bfloat16):
+        low = make_problem(4, 7, 48, 517, dtype=dtype, seed=14)
+        assert orpo_lib.fused_linear_orpo_loss(low["hidden"], low["weight"], low["target"]).loss.dtype == torch.float32
+    assert orpo_lib.orpo_loss_baseline(problem["hidden"], problem["weight"], problem["target"]).loss.dtype == torch.float64
+
+
+@pytest.mark.parametrize("chunk_size", [None, 3])  # one block; several chunks with two-pass pairs
+def test_gradcheck_in_float64(chunk_size):
+    problem = make_problem(2, 5, 6, 11, dtype=torch.float64, with_bias=True, with_nll_target=True, seed=15)
+    inputs = tuple(problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias"))
+
+    def loss(hidden, weight, bias):
+        return orpo_lib.fused_linear_orpo_loss(hidden, weight, problem["target"], bias, nll_target=problem["nll_target"],
+                                               chunk_size=chunk_size, beta=0.5).loss
+    assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)

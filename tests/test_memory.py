@@ -2,7 +2,7 @@
 
 import pytest
 
-from orpo_lib import fused, memory
+from orpo_lib import memory, schedule
 from orpo_lib.measurements import H200_ANCHORS, latest_bench_record
 
 H, V = 4096, 128256
@@ -65,9 +65,9 @@ def test_one_block_when_it_costs_no_more_than_a_float32_accumulator():
 ])
 def test_chunking_matches_the_library(batch, seq, chunk_size):
     pair_rows = [2 * seq] * (batch // 2)
-    rows = chunk_size or fused.auto_chunk_rows(2 * seq, batch * seq, V, 2, __import__("torch").device("cpu"),
-                                               fused.accumulator_rows(H, 2, True))
-    groups = fused.plan_chunks(pair_rows, rows)
+    rows = chunk_size or schedule.auto_chunk_rows(2 * seq, batch * seq, V, 2, __import__("torch").device("cpu"),
+                                               schedule.accumulator_rows(H, 2, True))
+    groups = schedule.plan_chunks(pair_rows, rows)
     model = memory.chunking(batch, seq, chunk_size, V, 2, hidden=H)
     assert model.rows == max(end - start for g in groups for start, end in g.blocks)
     assert model.count == sum(len(g.blocks) for g in groups)

@@ -73,13 +73,13 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
         assert stats[:, column].tolist() == want[name].tolist(), name
 
 
-@pytest.mark.parametrize("grad_scale", [None, 0.37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # float64 logits keep float64 statistics
 @pytest.mark.parametrize("vocab,shift", [
     (1000, 0.0),  # no multiple of any block: a partial block at the end of each row
     (1024, 0.0),  # a multiple of the block: no partial block
     (1024, -150.0),  # and every logit so low that exp(-max) overflows float32
 ])
-def test_row_kernels_give_the_gradient_of_the_logits(grad_scale, vocab, shift):
+def test_row_kernels_give_the_gradient_of_the_logits(dtype, vocab, shift):
     """row_stats then row_grads turn a chunk into a·onehot(y) + b·onehot(y') - (a + b)·softmax."""
     rows, seq_len = 6, 3  # two sequences
     gen = torch.Generator().manual_seed(6)
@@ -89,23 +89,22 @@ def test_row_kernels_give_the_gradient_of_the_logits(grad_scale, vocab, shift):
     target = torch.tensor([3, 7, -1, 999, 0, 512], dtype=torch.int32)
     nll_target = torch.tensor([3, 7, 5, -1, 998, -1], dtype=torch.int32)  # shared, own, absent columns
     token = torch.tensor([0, 1, 2, 3, 4, 5])
-    seq_coef = torch.tensor([-0.3, 0.2])
-    nll_coef = -0.25
-    logp, nll_logp, logit_sum, lse = (torch.zeros(rows) for _ in range(4))
-    chunk = logits.float()
+    seq_coef = torch.tensor([-0.3, 0.2], dtype=dtype)
+    nll_tokens = 4  # each NLL token's dL/dlogp: -1/4
+    logp, nll_logp, logit_sum, lse = (torch.zeros(rows, dtype=dtype) for _ in range(4))
+    chunk = logits.to(dtype, copy=True)  # rewritten in place
     kernels.row_stats(chunk, target, nll_target, token, logp, nll_logp, logit_sum, lse)
-    scale = None if grad_scale is None else torch.tensor(grad_scale)
-    kernels.row_grads(chunk, target, nll_target, token, logp, nll_logp, lse, seq_coef, nll_coef=nll_coef,
-                      seq_len=seq_len, grad_scale=scale)
+    kernels.row_grads(chunk, target, nll_target, token, logp, nll_logp, lse, seq_coef, nll_tokens=nll_tokens,
+                      seq_len=seq_len)
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
 
     log_probs = logits.log_softmax(1)
-    torch.testing.assert_close(lse, logits.logsumexp(1).float())
-    torch.testing.assert_close(logit_sum, logits.sum(1).float(), rtol=1e-5, atol=1e-2)
+    torch.testing.assert_close(lse, logits.logsumexp(1).to(dtype))
+    torch.testing.assert_close(logit_sum, logits.sum(1).to(dtype), rtol=1e-5, atol=1e-2)
     assert logp[1] < 0  # kept, although exp of it rounds to 1
     a = torch.where(target >= 0, seq_coef.double()[token // seq_len], 0.0)
-    b = torch.where(nll_target >= 0, nll_coef, 0.0)
+    b = torch.where(nll_target >= 0, -1 / nll_tokens, 0.0)
     want = -(a + b)[:, None] * log_probs.exp()
     want[torch.arange(rows)[target >= 0], target[target >= 0].long()] += a[target >= 0]
     want[torch.arange(rows)[nll_target >= 0], nll_target[nll_target >= 0].long()] += b[nll_target >= 0]
-    want *= grad_scale or 1.0
-    torch.testing.assert_close(chunk.double(), want, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(chunk.double(), want, **tol)

@@ -43,7 +43,15 @@ def bad_cases():
         ("bias dtype", dict(bias=p["bias"].double()), TypeError, "bias dtype"),
         ("bias shape", dict(bias=p["bias"][:-1]), ValueError, "bias must have shape"),
         ("weight not a tensor", dict(weight=[[1.0]]), TypeError, "weight must be a torch.Tensor"),
-        ("beta not a number", dict(beta="0.1"), TypeError, "beta must be a number"),
+        ("beta not a number", dict(beta="0.1"), TypeError, "beta must be a real number"),
+        ("beta a bool", dict(beta=True), TypeError, "beta must be a real number"),
+        ("beta NaN", dict(beta=float("nan")), ValueError, "beta must be finite"),
+        ("beta infinite", dict(beta=float("inf")), ValueError, "beta must be finite"),
+        ("ignore_index None", dict(ignore_index=None), TypeError, "ignore_index must be an int"),
+        ("ignore_index float", dict(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
+        ("compute_nll_loss not a bool", dict(compute_nll_loss=1), TypeError, "compute_nll_loss must be a bool"),
+        ("weight first, as in Liger", dict(hidden=p["weight"], weight=p["hidden"]), ValueError,
+         "hidden comes first"),
     ]
 
 
@@ -67,6 +75,39 @@ def test_chunk_size_must_be_a_positive_int(chunk_size, error):
     problem = make_problem(4, 5, 16, 37)
     with pytest.raises(error, match="chunk_size"):
         call(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=chunk_size)
+    with pytest.raises(error, match="chunk_size"):
+        orpo_lib.FusedLinearORPOLoss(chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("flag", [None, 0, "False"])
+def test_fp32_weight_grad_must_be_a_bool(flag):
+    problem = make_problem(4, 5, 16, 37)
+    with pytest.raises(TypeError, match="fp32_weight_grad must be a bool"):
+        call(orpo_lib.fused_linear_orpo_loss, problem, fp32_weight_grad=flag)
+
+
+def test_options_are_keyword_only():
+    """Liger's constructor takes (ignore_index, beta, ...) by position: here that is an error, not beta=-100."""
+    problem = make_problem(4, 5, 16, 37)
+    with pytest.raises(TypeError):
+        orpo_lib.FusedLinearORPOLoss(-100, 0.1)
+    with pytest.raises(TypeError):
+        orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"], None, 0.1)
+    with pytest.raises(TypeError):
+        orpo_lib.orpo_loss_baseline(problem["hidden"], problem["weight"], problem["target"], None, 0.1)
+    with pytest.raises(TypeError):
+        orpo_lib.FusedLinearORPOLoss()(problem["hidden"], problem["weight"], problem["target"], None,
+                                       problem["target"])
+
+
+@pytest.mark.parametrize("options", [dict(beta=float("nan")), dict(ignore_index=None), dict(chunk_size=0)])
+def test_bad_options_fail_before_any_kernel(monkeypatch, options):
+    from orpo_lib import validation
+
+    monkeypatch.setattr(validation, "label_stats", lambda *a, **k: pytest.fail("a kernel ran before the check"))
+    problem = make_problem(4, 5, 16, 37)
+    with pytest.raises((TypeError, ValueError)):
+        call(orpo_lib.fused_linear_orpo_loss, problem, **options)
 
 
 def test_device_mismatch_is_named():

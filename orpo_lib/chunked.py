@@ -1,0 +1,357 @@
+"""One call of the chunked loss as data flow: the row order, the blocks of logits, and the step functions.
+
+How one block of C token rows is processed (G is dL/dlogits, P the softmax, X the block's hidden rows):
+
+1. ``logits = X @ W.T (+ bias)`` into a C×V buffer (cuBLAS).
+2. ``row_stats_kernel`` reads it once: log-sum-exp, target log-probs and logit sums per row. None of
+   this depends on the other sequence of the pair.
+3. ``pair_terms_kernel``, once every row of the chunk's pairs has its log-prob: each sequence's mean
+   log-prob, the odds ratio, and per token ``a = dL/dlogp`` of the odds-ratio target and ``b`` of the
+   NLL target, so that ``G = a·onehot(y) + b·onehot(y') - (a + b)·P``.
+4. ``row_grads_kernel`` rewrites the buffer in place into G (one read, one write), its two target
+   columns from the float32 log-probs so that nothing cancels when p ≈ 1.
+5. ``dX = G @ W`` and ``dW += G.T @ X``: the GEMMs see the gradient exactly as the materialising
+   baseline would, rounded once to the input dtype.
+
+``forward`` returns the loss terms and what backward needs. With several blocks, that is the unscaled
+sums dX, dW and dbias, which ``backward`` multiplies by the upstream gradient into new tensors. With one
+block it is G itself: backward runs step 5 with the upstream gradient as the GEMMs' scale factor, so
+every gradient is rounded once. Either way the saved tensors are only read, so a second backward
+through a retained graph gives the same gradients again.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from . import kernels, schedule, sequence_kernels
+from .validation import TokenCounts
+
+
+@dataclass(frozen=True)
+class Options:
+    beta: float
+    compute_nll_loss: bool
+    chunk_size: int | None
+    fp32_weight_grad: bool
+    grad_hidden: bool
+    grad_weight: bool
+    grad_bias: bool
+    single_block: bool  # schedule.single_block: one block, whose gradient GEMMs wait for backward
+
+    @property
+    def needs_grad(self) -> bool:
+        return self.grad_hidden or self.grad_weight or self.grad_bias
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of every reduction and per-token statistic: float32, or float64 for float64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def hidden_rows(hidden):
+    """A (B*T, H) view of hidden for fast row gathers, or None when its strides allow none."""
+    batch, seq, size = hidden.shape
+    if hidden.stride(1) == size * hidden.stride(2) and hidden.stride(0) == seq * hidden.stride(1):
+        return hidden.view(batch * seq, size)
+    return None
+
+
+def gather_rows(hidden, tokens):
+    """The rows of hidden at flattened token indices."""
+    flat = hidden_rows(hidden)
+    if flat is not None:
+        return flat.index_select(0, tokens)
+    return hidden[tokens // hidden.shape[1], tokens % hidden.shape[1]]
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """Which rows go through the buffer together, and in which order; fixed before the first GEMM."""
+
+    groups: list  # schedule.ChunkGroup: whole pairs, each in one or more blocks of rows
+    row_tokens: torch.Tensor | None  # (kept,) flattened token index of each row; None: token order
+    dropped: bool  # some tokens no target needs are left out of every GEMM
+    buffer_rows: int
+
+    @property
+    def token_order(self) -> bool:
+        """Rows are hidden's rows in order: a block reads hidden and writes dX in place."""
+        return self.row_tokens is None
+
+
+def make_plan(hidden, vocab: int, counts: TokenCounts, opts: Options) -> Plan:
+    batch, seq, size = hidden.shape
+    pairs, tokens = batch // 2, batch * seq
+    kept_rows = sum(counts.kept_per_seq)
+    pair_rows = [counts.kept_per_seq[i] + counts.kept_per_seq[i + pairs] for i in range(pairs)]
+    if opts.single_block:
+        groups = [schedule.ChunkGroup(0, pairs, [(0, kept_rows)])]
+    else:
+        extra = schedule.accumulator_rows(size, hidden.element_size(), opts.fp32_weight_grad) if opts.grad_weight else 0
+        rows = opts.chunk_size or schedule.auto_chunk_rows(max(pair_rows), kept_rows, vocab, hidden.element_size(),
+                                                           hidden.device, extra)
+        if opts.needs_grad:
+            groups = schedule.plan_chunks(pair_rows, rows)
+        else:  # statistics need no whole pairs
+            groups = [schedule.ChunkGroup(0, 0, [(r, min(r + rows, kept_rows))]) for r in range(0, kept_rows, rows)]
+    dropped = kept_rows < tokens
+    buffer_rows = max(end - start for g in groups for start, end in g.blocks)
+    # A group needs its pairs' rows together, in any order. Token order serves when no token is dropped
+    # and one group holds every pair (or no pairs are needed).
+    if not dropped and hidden_rows(hidden) is not None and (not opts.needs_grad or len(groups) == 1):
+        return Plan(groups, None, False, buffer_rows)
+    # pair order (chosen i, then rejected i), without the tokens no target needs
+    order = torch.arange(tokens, device=hidden.device).view(2, pairs, seq).transpose(0, 1).reshape(-1)
+    if dropped:  # kept rows first, by a stable sort: their number is known, so no read-back
+        kept = counts.kept_mask.view(-1)[order].to(torch.uint8)  # (CUDA sorts bool only since torch 2.6)
+        order = order[torch.argsort(kept, descending=True, stable=True)[:kept_rows]]
+    return Plan(groups, order, dropped, buffer_rows)
+
+
+# ---- per-token statistics -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TokenStats:
+    """What the row kernels and pair_terms_kernel write, per token, sequence and pair."""
+
+    logp: torch.Tensor  # (B*T,) log p(target), 0 where ignored
+    nll_logp: torch.Tensor  # (B*T,) log p(nll target), 0 where ignored
+    logit_sum: torch.Tensor  # (B*T,) sum of the row's logits
+    lse: torch.Tensor  # (B*T,) log-sum-exp of the row
+    seq_logp: torch.Tensor  # (B,) mean token log-prob of each sequence
+    seq_coef: torch.Tensor  # (B,) dL/dlogp of each odds-ratio token of the sequence
+    log_odds: torch.Tensor  # (B/2,) float64
+    pair_loss: torch.Tensor  # (B/2,) float64, -beta * logsigmoid(log_odds)
+
+
+def new_token_stats(batch: int, seq: int, dtype: torch.dtype, device) -> TokenStats:
+    per_token = torch.zeros(4, batch * seq, device=device, dtype=dtype)  # one allocation
+    return TokenStats(*per_token, seq_logp=torch.empty(batch, device=device, dtype=dtype),
+                      seq_coef=torch.empty(batch, device=device, dtype=dtype),
+                      log_odds=torch.empty(batch // 2, device=device, dtype=torch.float64),
+                      pair_loss=torch.empty(batch // 2, device=device, dtype=torch.float64))
+
+
+def pair_terms(stats: TokenStats, counts: TokenCounts, first_pair: int, end_pair: int, seq: int, beta: float) -> None:
+    sequence_kernels.pair_terms(stats.logp, counts.tokens_per_seq, stats.seq_logp, stats.seq_coef, stats.log_odds,
+                                stats.pair_loss, first_pair=first_pair, end_pair=end_pair, seq_len=seq, beta=beta)
+
+
+# ---- one block ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Block:
+    span: tuple  # (start, end) of its rows in the row order
+    tokens: torch.Tensor  # (C,) flattened token index of each row
+    x: torch.Tensor  # (C, H) the rows of hidden
+    logits: torch.Tensor  # (C, V) view of the buffer: logits, then G
+    target: torch.Tensor  # (C,) int32, -1 where ignored
+    nll_target: torch.Tensor  # (C,) int32, -1 where ignored
+
+
+def block_logits(plan: Plan, span, buffer, hidden, weight, bias):
+    """The block's rows of hidden, and their logits in the buffer."""
+    start, end = span
+    x = hidden_rows(hidden)[start:end] if plan.token_order else gather_rows(hidden, plan.row_tokens[start:end])
+    logits = buffer[: end - start]
+    if bias is None:
+        torch.mm(x, weight.t(), out=logits)
+    else:
+        torch.addmm(bias, x, weight.t(), out=logits)
+    return x, logits
+
+
+def make_block(span, x, logits, row_tokens, counts: TokenCounts, token_order: bool) -> Block:
+    tokens = row_tokens[span[0]:span[1]]
+    ids_of = slice(*span) if token_order else tokens  # a view in token order, a gather otherwise
+    return Block(span, tokens, x, logits, counts.target_ids.view(-1)[ids_of], counts.nll_ids.view(-1)[ids_of])
+
+
+def row_stats(block: Block, stats: TokenStats) -> None:
+    kernels.row_stats(block.logits, block.target, block.nll_target, block.tokens, stats.logp, stats.nll_logp,
+                      stats.logit_sum, stats.lse)
+
+
+def row_grads(block: Block, stats: TokenStats, nll_tokens: int, seq: int) -> None:
+    kernels.row_grads(block.logits, block.target, block.nll_target, block.tokens, stats.logp, stats.nll_logp,
+                      stats.lse, stats.seq_coef, nll_tokens=nll_tokens, seq_len=seq)
+
+
+@dataclass
+class GradSums:
+    """dX, dW and dbias summed over the blocks, before the upstream gradient (None: not needed)."""
+
+    dx: torch.Tensor | None  # (B*T, H) in hidden's dtype
+    db: torch.Tensor | None  # (V,) in the statistics dtype
+    dw_dtype: torch.dtype | None  # float32 (float64 for float64 inputs) or hidden's dtype; None: no dW
+    dw: torch.Tensor | None = None  # (V, H), made by the first block
+
+
+def new_grad_sums(hidden, weight, plan: Plan, opts: Options) -> GradSums:
+    tokens, size = hidden.shape[0] * hidden.shape[1], hidden.shape[2]
+    dx = None
+    if opts.grad_hidden:
+        alloc = torch.zeros if plan.dropped else torch.empty  # dropped rows get no gradient rows
+        dx = alloc(tokens, size, device=hidden.device, dtype=hidden.dtype)
+    db = torch.zeros(weight.shape[0], device=hidden.device, dtype=stats_dtype(hidden.dtype)) if opts.grad_bias else None
+    dw_dtype = None
+    if opts.grad_weight:
+        dw_dtype = torch.promote_types(hidden.dtype, torch.float32) if opts.fp32_weight_grad else hidden.dtype
+    return GradSums(dx, db, dw_dtype)
+
+
+def add_block_grads(sums: GradSums, block: Block, weight, token_order: bool) -> None:
+    """dX rows, dW and dbias of a block whose buffer holds G."""
+    grad = block.logits
+    if sums.dx is not None:
+        if token_order:
+            torch.mm(grad, weight, out=sums.dx[block.span[0]:block.span[1]])
+        else:
+            sums.dx.index_copy_(0, block.tokens, torch.mm(grad, weight))
+    if sums.dw_dtype is not None:
+        if sums.dw is None:
+            sums.dw = _mm(grad.t(), block.x, sums.dw_dtype)
+        else:
+            _addmm_(sums.dw, grad.t(), block.x)
+    if sums.db is not None:
+        sums.db += grad.sum(0, dtype=sums.db.dtype)
+
+
+def _mm(a, b, out_dtype):
+    """a @ b with an ``out_dtype`` result (products accumulate in float32 whatever the operand dtype)."""
+    if a.dtype == out_dtype:
+        return torch.mm(a, b)
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=out_dtype)
+    return torch.mm(a.to(out_dtype), b.to(out_dtype))
+
+
+def _addmm_(acc, a, b):
+    """acc += a @ b, accumulating in acc's dtype."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif a.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+# ---- forward and backward -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Forward:
+    """The loss terms, and what backward needs (``sums`` with several blocks, ``logit_grads`` with one)."""
+
+    loss: torch.Tensor  # 0-d, in the statistics dtype
+    nll_loss: torch.Tensor
+    or_loss: torch.Tensor
+    seq_logp: torch.Tensor  # (B,) chosen sequences, then rejected ones
+    log_odds: torch.Tensor  # (B/2,) float64
+    logits_means: torch.Tensor  # (2,) mean logit of the chosen half and of the rejected half
+    sums: GradSums | None = None
+    logit_grads: torch.Tensor | None = None  # (kept, V) G of the single block
+    row_tokens: torch.Tensor | None = None  # (kept,) its rows' token indices; None in token order
+
+
+def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward:
+    batch, seq, _ = hidden.shape
+    plan = make_plan(hidden, weight.shape[0], counts, opts)
+    buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
+    nll_tokens = max(counts.nll_tokens, 1)  # without the NLL term no row has an NLL target
+    stats = sums = row_tokens = block = None
+    for group in plan.groups:
+        for span in group.blocks:
+            x, logits = block_logits(plan, span, buffer, hidden, weight, bias)
+            if stats is None:  # the first GEMM is queued: the GPU is busy while the host finishes the setup
+                stats = new_token_stats(batch, seq, stats_dtype(hidden.dtype), hidden.device)
+                row_tokens = torch.arange(batch * seq, device=hidden.device) if plan.token_order else plan.row_tokens
+                sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
+            block = make_block(span, x, logits, row_tokens, counts, plan.token_order)
+            row_stats(block, stats)
+        if not opts.needs_grad:
+            continue
+        pair_terms(stats, counts, group.first_pair, group.end_pair, seq, opts.beta)
+        # The buffer still holds the last block's logits: take the blocks last to first, so that
+        # only the others (in a two-pass group) have their logits computed again.
+        for i, span in enumerate(reversed(group.blocks)):
+            if i > 0:
+                x, logits = block_logits(plan, span, buffer, hidden, weight, bias)
+                block = make_block(span, x, logits, row_tokens, counts, plan.token_order)
+            row_grads(block, stats, nll_tokens, seq)
+            if sums is not None:
+                add_block_grads(sums, block, weight, plan.token_order)
+    if not opts.needs_grad:  # with gradients, the chunk groups computed them pair by pair
+        pair_terms(stats, counts, 0, batch // 2, seq, opts.beta)
+    terms = loss_terms(stats, counts, hidden, weight, bias, plan, opts.compute_nll_loss)
+    if opts.single_block:
+        return Forward(*terms, logit_grads=block.logits, row_tokens=plan.row_tokens)
+    return Forward(*terms, sums=sums)
+
+
+def loss_terms(stats: TokenStats, counts: TokenCounts, hidden, weight, bias, plan: Plan, compute_nll_loss: bool):
+    """loss, nll_loss, or_loss, seq_logp, log_odds and the two halves' mean logits."""
+    batch, seq, _ = hidden.shape
+    or_loss = stats.pair_loss.mean().to(stats.lse.dtype)
+    if compute_nll_loss:
+        nll_loss = -stats.nll_logp.sum() / counts.nll_tokens
+    else:
+        nll_loss = torch.zeros((), device=hidden.device, dtype=stats.lse.dtype)
+    logit_sums = stats.logit_sum.view(2, -1).sum(1)
+    if plan.dropped:
+        logit_sums = logit_sums + dropped_logit_sums(hidden, weight, bias, counts.kept_mask, stats.lse.dtype)
+    means = logit_sums / (batch // 2 * seq * weight.shape[0])
+    return nll_loss + or_loss, nll_loss, or_loss, stats.seq_logp, stats.log_odds, means
+
+
+def dropped_logit_sums(hidden, weight, bias, kept_mask, dtype):
+    """Sum of the logits of the dropped rows, per half, without computing them: sum_v logits = h·sum_v W + sum(b)."""
+    dropped = (~kept_mask).to(hidden.dtype)
+    pairs = hidden.shape[0] // 2
+    hidden_sums = torch.bmm(dropped.unsqueeze(1), hidden).view(2, pairs, -1).to(dtype).sum(1)
+    sums = hidden_sums @ weight.sum(0, dtype=dtype)
+    if bias is not None:
+        sums = sums + dropped.view(2, -1).to(dtype).sum(1) * bias.sum(dtype=dtype)
+    return sums
+
+
+def backward_from_sums(grad_loss, sums: GradSums, hidden_shape, weight_dtype):
+    """Several blocks: the upstream gradient times the saved sums, into new tensors."""
+    dx = dw = db = None
+    if sums.dx is not None:
+        dx = kernels.scale(sums.dx, grad_loss, out=torch.empty_like(sums.dx)).view(hidden_shape)
+    if sums.dw is not None:  # a float32 sum is cast to the weight dtype as it is scaled
+        dw = kernels.scale(sums.dw, grad_loss, out=sums.dw.new_empty(sums.dw.shape, dtype=weight_dtype))
+    if sums.db is not None:
+        db = (sums.db * grad_loss).to(weight_dtype)
+    return dx, dw, db
+
+
+def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens, opts: Options):
+    """One block: dX = g·G·W, dW = g·Gᵀ·X, dbias = g·Σ G, with G as forward left it.
+
+    The upstream gradient g is read back once, so that cuBLAS applies it as the GEMMs' scale factor:
+    each gradient is rounded once, and G stays as it is for another backward.
+    """
+    scale = grad_loss.item()
+    x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
+    dx = dw = db = None
+    if opts.grad_hidden:
+        if row_tokens is None:
+            dx = _scaled_mm(logit_grads, weight, scale).view(hidden.shape)
+        else:
+            dx = hidden.new_zeros(hidden.shape[0] * hidden.shape[1], hidden.shape[2])
+            dx.index_copy_(0, row_tokens, _scaled_mm(logit_grads, weight, scale))
+            dx = dx.view(hidden.shape)
+    if opts.grad_weight:
+        dw = _scaled_mm(logit_grads.t(), x, scale)
+    if opts.grad_bias:
+        db = (logit_grads.sum(0, dtype=stats_dtype(hidden.dtype)) * scale).to(hidden.dtype)
+    return dx, dw, db
+
+
+def _scaled_mm(a, b, scale: float):
+    """scale · (a @ b), the scale applied by the GEMM before its one rounding."""
+    return torch.addmm(a.new_zeros(()), a, b, beta=0, alpha=scale)

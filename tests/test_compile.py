@@ -1,0 +1,49 @@
+"""Inside torch.compile the loss is one opaque custom op: the same loss, metrics and gradients as eager."""
+
+import pytest
+import torch
+
+import orpo_lib
+from conftest import make_problem
+
+METRICS = ("loss", "nll_loss", "or_loss", "chosen_logps", "rejected_logps", "log_odds_ratio", "log_odds_chosen",
+           "reward_accuracy", "reward_margin", "chosen_logits_mean", "rejected_logits_mean")
+
+
+def loss_and_metrics(hidden, weight, target, bias, nll_target, chunk_size):
+    out = orpo_lib.fused_linear_orpo_loss(hidden, weight, target, bias, nll_target=nll_target, beta=0.2,
+                                          chunk_size=chunk_size)
+    return tuple(getattr(out, name) for name in METRICS)
+
+
+def run(fn, problem, chunk_size):
+    leaves = [problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias")]
+    values = fn(leaves[0], leaves[1], problem["target"], leaves[2], problem["nll_target"], chunk_size)
+    values[0].backward()
+    return values, [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+@pytest.mark.parametrize("chunk_size", [None, 5])  # one block, and several chunks with two-pass pairs
+def test_compiled_equals_eager(fullgraph, chunk_size):
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(loss_and_metrics, fullgraph=fullgraph)
+    for seq in (7, 9, 12):  # new sequence lengths: one recompilation to dynamic shapes, then none
+        problem = make_problem(4, seq, 48, 517, with_bias=True, with_nll_target=True, seed=seq)
+        eager_values, eager_grads = run(loss_and_metrics, problem, chunk_size)
+        values, grads = run(compiled, problem, chunk_size)
+        for name, a, b in zip(METRICS, values, eager_values):
+            assert torch.equal(a, b), name
+        for a, b in zip(grads, eager_grads):
+            assert torch.equal(a, b)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
+def test_compiled_bad_labels_still_raise():
+    torch._dynamo.reset()
+    problem = make_problem(4, 7, 48, 517)
+    problem["target"][1, 2] = 517
+    compiled = torch.compile(loss_and_metrics, fullgraph=True)
+    with pytest.raises(ValueError, match="target holds 1 token id"):
+        compiled(problem["hidden"], problem["weight"], problem["target"], None, None, None)

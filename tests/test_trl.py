@@ -1,0 +1,149 @@
+"""TRL's ORPOTrainer and a Hugging Face training loop, with the fused loss in place of the logits (CPU)."""
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl", reason="the trl extra: pip install -e .[trl]")
+transformers = pytest.importorskip("transformers")
+import datasets  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+import orpo_lib  # noqa: E402
+from orpo_lib.trl import FusedORPOTrainer, fused_orpo_loss_for_batch, orpo_targets  # noqa: E402
+from trl.experimental.orpo import ORPOConfig, ORPOTrainer  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(120)]
+
+
+def tokenizer():
+    """A word-level tokenizer made here (nothing downloaded)."""
+    vocab = {word: i for i, word in enumerate(["<pad>", "<s>", "</s>", "<unk>", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                                eos_token="</s>", unk_token="<unk>")
+
+
+def tiny_llama(seed=0, vocab=len(WORDS) + 4):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    return transformers.LlamaForCausalLM(config).float()
+
+
+def preference_data(rows=8, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(low, high):
+        return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (int(torch.randint(low, high, (1,), generator=gen)),),
+                                                        generator=gen))
+    return datasets.Dataset.from_dict({"prompt": [text(2, 6) for _ in range(rows)],
+                                       "chosen": [text(2, 9) for _ in range(rows)],
+                                       "rejected": [text(2, 9) for _ in range(rows)]})
+
+
+def trainer(cls, model, tmp_path, steps=3):
+    args = ORPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=steps, learning_rate=1e-3,
+                      logging_steps=1, report_to=[], beta=0.25, max_length=24, use_cpu=True, bf16=False,
+                      save_strategy="no", seed=0, dataloader_num_workers=0)
+    return cls(model=model, args=args, train_dataset=preference_data(), processing_class=tokenizer())
+
+
+def test_loss_and_metrics_equal_orpotrainer_on_the_same_batch(tmp_path):
+    """TRL's own materialising computation and the fused one: loss, the 11 logged metrics and every gradient."""
+    model = tiny_llama()
+    reference, fused = trainer(ORPOTrainer, model, tmp_path), trainer(FusedORPOTrainer, model, tmp_path)
+    batch = next(iter(reference.get_train_dataloader()))
+    loss_ref, metrics_ref = reference.get_batch_loss_metrics(model, batch)
+    loss_ref.backward()
+    grads_ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss, metrics = fused.get_batch_loss_metrics(model, batch)
+    loss.backward()
+    assert len(metrics) == 11 and metrics.keys() == metrics_ref.keys()
+    assert loss.item() == pytest.approx(loss_ref.item(), rel=1e-5)
+    for name, value in metrics_ref.items():
+        assert metrics[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    for (name, p), grad in zip(model.named_parameters(), grads_ref):
+        torch.testing.assert_close(p.grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_trainer_runs_match_orpotrainer(tmp_path):
+    """Three optimiser steps of each trainer from the same initial model: the same logged losses."""
+    histories = []
+    for cls in (ORPOTrainer, FusedORPOTrainer):
+        run = trainer(cls, tiny_llama(seed=3), tmp_path / cls.__name__)
+        run.train()
+        histories.append([entry for entry in run.state.log_history if "loss" in entry])
+    assert len(histories[0]) == len(histories[1]) == 3
+    for ref, fused in zip(*histories):
+        assert fused["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+        assert fused["rewards/margins"] == pytest.approx(ref["rewards/margins"], rel=1e-3, abs=1e-6)
+
+
+def test_training_loop_with_fused_and_baseline_losses():
+    """A plain loop (AdamW, 4 steps) on a tiny random Llama: the fused loss and the materialising baseline give
+    the same loss trajectory, from the same TRL-style batch (prompt masked, padded rows)."""
+    gen = torch.Generator().manual_seed(7)
+    batch, seq, vocab = 4, 12, len(WORDS) + 4
+    input_ids = torch.randint(4, vocab, (batch, seq), generator=gen)
+    attention_mask = torch.ones(batch, seq, dtype=torch.long)
+    attention_mask[1, 9:] = attention_mask[3, 7:] = 0  # padding
+    labels = torch.where(attention_mask == 1, input_ids, -100)
+    labels[:, :4] = -100  # the prompt
+    trajectories = {}
+    for name, loss_fn in (("fused", orpo_lib.fused_linear_orpo_loss), ("baseline", orpo_lib.orpo_loss_baseline)):
+        model = tiny_llama(seed=5)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(4):
+            hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            target, nll_target = orpo_targets(input_ids, attention_mask, labels)
+            out = loss_fn(hidden[:, :-1], model.lm_head.weight, target, nll_target=nll_target, beta=0.5)
+            optimizer.zero_grad()
+            out.loss.backward()
+            optimizer.step()
+            losses.append(out.loss.item())
+        trajectories[name] = losses
+    assert trajectories["fused"] == pytest.approx(trajectories["baseline"], rel=1e-4)
+    assert trajectories["fused"][-1] < trajectories["fused"][0]  # it trains
+
+
+def test_bf16_autocast_runs_the_head_in_bf16():
+    """Under autocast (transformers' Trainer turns it on with bf16=True, its default) the LM-head GEMMs run in
+    bf16 as F.linear's would; float32 parameters get float32 gradients; the result is the baseline's within bf16."""
+    model = tiny_llama()
+    ids = torch.randint(4, 100, (4, 12), generator=torch.Generator().manual_seed(2))
+    results = []
+    for loss_fn in (orpo_lib.fused_linear_orpo_loss, orpo_lib.orpo_loss_baseline):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = model.model(input_ids=ids).last_hidden_state
+            out = loss_fn(hidden[:, :-1], model.lm_head.weight, ids[:, 1:], beta=0.1)
+        out.loss.backward()
+        assert out.loss.dtype == torch.float32 and model.lm_head.weight.grad.dtype == torch.float32
+        results.append((out.loss.item(), model.lm_head.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-2)
+    assert (results[0][1] - results[1][1]).norm() < 2e-2 * results[1][1].norm()
+
+
+def test_adapter_equals_the_plain_call():
+    model = tiny_llama()
+    input_ids = torch.randint(4, 100, (2, 10))
+    attention_mask = torch.ones_like(input_ids)
+    labels = input_ids.clone()
+    labels[:, :3] = -100
+    out = fused_orpo_loss_for_batch(model, input_ids, attention_mask, labels, beta=0.1)
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    want = orpo_lib.fused_linear_orpo_loss(hidden[:, :-1], model.lm_head.weight, labels[:, 1:], beta=0.1,
+                                           nll_target=input_ids[:, 1:])
+    assert torch.equal(out.loss, want.loss)
+
+
+def test_softcapped_logits_are_refused():
+    model = tiny_llama()
+    model.config.final_logit_softcapping = 30.0
+    ids = torch.randint(4, 100, (2, 6))
+    with pytest.raises(NotImplementedError, match="final_logit_softcapping"):
+        fused_orpo_loss_for_batch(model, ids, torch.ones_like(ids), ids, beta=0.1)
