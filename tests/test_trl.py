@@ -9,7 +9,8 @@ import datasets  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 
 import orpo_lib  # noqa: E402
-from orpo_lib.trl import FusedORPOTrainer, fused_orpo_loss_for_batch, orpo_targets  # noqa: E402
+from orpo_lib.causal_lm import fused_orpo_loss_for_batch, orpo_targets  # noqa: E402
+from orpo_lib.trl import FusedORPOTrainer  # noqa: E402
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(120)]
