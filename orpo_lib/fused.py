@@ -102,6 +102,8 @@ def _setup_context(ctx, inputs, output):
     hidden, weight = inputs[0], inputs[1]
     ctx.grad_flags = inputs[10:14]  # grad_hidden, grad_weight, grad_bias, single_block
     ctx.save_for_backward(hidden, weight, *output[6:])
+    # Only the loss has a gradient: the others stay None rather than zeros the size of dW or of the logits.
+    ctx.set_materialize_grads(False)
 
 
 def _autograd_backward(ctx, grad_loss, *_metrics_and_saved):

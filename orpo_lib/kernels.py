@@ -167,7 +167,7 @@ def _row_grads(row, logits_ptr, stride_row, target_ptr, nll_target_ptr, token_pt
     acc = lse_ptr.dtype.element_ty
     # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b.
     a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len), 0.0)
-    b = tl.where(nll_target >= 0, -1.0 / nll_tokens.to(acc), 0.0)
+    b = tl.where(nll_target >= 0, tl.full((), -1.0, acc) / nll_tokens, 0.0)
     s = a + b
     # The target columns from expm1(log p) = p - 1, so that nothing cancels when p ≈ 1:
     # G[y] = a - s·p_y = -(s·expm1(log p_y) + b), or -s·expm1(log p_y) when y' = y (then a + b = s);

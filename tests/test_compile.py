@@ -33,8 +33,9 @@ def test_compiled_equals_eager(fullgraph, chunk_size):
         problem = make_problem(4, seq, 48, 517, with_bias=True, with_nll_target=True, seed=seq)
         eager_values, eager_grads = run(loss_and_metrics, problem, chunk_size)
         values, grads = run(compiled, problem, chunk_size)
-        for name, a, b in zip(METRICS, values, eager_values):
-            assert torch.equal(a, b), name
+        assert torch.equal(values[0], eager_values[0])  # the loss, from the custom op: bitwise
+        for name, a, b in zip(METRICS[1:], values[1:], eager_values[1:]):  # formed by code the compiler may fuse
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
         for a, b in zip(grads, eager_grads):
             assert torch.equal(a, b)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2

@@ -76,7 +76,7 @@ def test_cpu_tensors_need_the_interpreter():
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_compiled_equals_eager_on_cuda(fullgraph):
     """The shape where torch.compile once traced into the Triton launches and changed the loss (bf16, 2×256,
-    H=1024, V=32000): compiled and eager now agree bitwise, loss, metrics and gradients."""
+    H=1024, V=32000): compiled and eager now agree, the loss and the gradients bitwise."""
     torch._dynamo.reset()
     problem = make_problem(2, 256, 1024, 32000, dtype=torch.bfloat16, device="cuda", seed=21)
 
@@ -93,7 +93,11 @@ def test_compiled_equals_eager_on_cuda(fullgraph):
         values[0].backward()
         results.append((values, hidden.grad, weight.grad))
     for values, dx, dw in results[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(values, results[0][0]))
+        # the loss and the gradients come out of the custom ops: bitwise; the metrics are formed from the
+        # op's outputs by code the compiler may fuse, so they may differ by rounding
+        assert torch.equal(values[0], results[0][0][0])
+        for a, b in zip(values[1:], results[0][0][1:]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
         assert torch.equal(dx, results[0][1]) and torch.equal(dw, results[0][2])
 
 
