@@ -354,4 +354,5 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
 
 def _scaled_mm(a, b, scale: float):
     """scale · (a @ b), the scale applied by the GEMM before its one rounding."""
-    return torch.addmm(a.new_zeros(()), a, b, beta=0, alpha=scale)
+    out = a.new_empty(a.shape[0], b.shape[1])
+    return torch.addmm(out, a, b, beta=0, alpha=scale, out=out)  # beta = 0: out's contents are never read

@@ -107,6 +107,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _autograd_backward(ctx, grad_loss, *_metrics_and_saved):
+    if grad_loss is None:  # the loss was not used (gradients are not materialised as zeros)
+        return (None,) * 14
     hidden, weight, *saved = ctx.saved_tensors
     grad_hidden, grad_weight, grad_bias, single_block = ctx.grad_flags
     dx, dw, db = torch.ops.orpo_lib.fused_linear_orpo_backward(grad_loss, hidden, weight, *saved, grad_hidden,

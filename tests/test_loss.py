@@ -358,6 +358,7 @@ def test_float64_in_float64_out():
 
 @pytest.mark.parametrize("chunk_size", [None, 3])  # one block; several chunks with two-pass pairs
 def test_gradcheck_in_float64(chunk_size):
+    """Also checks an undefined upstream gradient (gradcheck's check_undefined_grad)."""
     problem = make_problem(2, 5, 6, 11, dtype=torch.float64, with_bias=True, with_nll_target=True, seed=15)
     inputs = tuple(problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias"))
 
@@ -365,3 +366,4 @@ def test_gradcheck_in_float64(chunk_size):
         return orpo_lib.fused_linear_orpo_loss(hidden, weight, problem["target"], bias, nll_target=problem["nll_target"],
                                                chunk_size=chunk_size, beta=0.5).loss
     assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
