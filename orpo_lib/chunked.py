@@ -329,7 +329,8 @@ def backward_from_sums(grad_loss, sums: GradSums, hidden_shape, weight_dtype):
     return dx, dw, db
 
 
-def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens, opts: Options):
+def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens, *, grad_hidden: bool,
+                              grad_weight: bool, grad_bias: bool):
     """One block: dX = g·G·W, dW = g·Gᵀ·X, dbias = g·Σ G, with G as forward left it.
 
     The upstream gradient g is read back once, so that cuBLAS applies it as the GEMMs' scale factor:
@@ -338,16 +339,16 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     scale = grad_loss.item()
     x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
     dx = dw = db = None
-    if opts.grad_hidden:
+    if grad_hidden:
         if row_tokens is None:
             dx = _scaled_mm(logit_grads, weight, scale).view(hidden.shape)
         else:
             dx = hidden.new_zeros(hidden.shape[0] * hidden.shape[1], hidden.shape[2])
             dx.index_copy_(0, row_tokens, _scaled_mm(logit_grads, weight, scale))
             dx = dx.view(hidden.shape)
-    if opts.grad_weight:
+    if grad_weight:
         dw = _scaled_mm(logit_grads.t(), x, scale)
-    if opts.grad_bias:
+    if grad_bias:
         db = (logit_grads.sum(0, dtype=stats_dtype(hidden.dtype)) * scale).to(hidden.dtype)
     return dx, dw, db
 

@@ -80,9 +80,10 @@ def _backward_op(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Te
     grad_loss = grad_loss.to(chunked.stats_dtype(hidden.dtype))
     with torch.autocast(hidden.device.type, enabled=False):
         if single_block:
-            opts = chunked.Options(0.0, False, None, False, grad_hidden, grad_weight, grad_bias, True)
             grads = chunked.backward_from_logit_grads(grad_loss, hidden, weight, logit_grads,
-                                                      row_tokens if row_tokens.numel() else None, opts)
+                                                      row_tokens if row_tokens.numel() else None,
+                                                      grad_hidden=grad_hidden, grad_weight=grad_weight,
+                                                      grad_bias=grad_bias)
         else:
             sums = chunked.GradSums(dx_sum if grad_hidden else None, db_sum if grad_bias else None,
                                     dw_sum.dtype if grad_weight else None, dw_sum if grad_weight else None)
