@@ -49,6 +49,11 @@ def stats_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def dw_sum_dtype(dtype: torch.dtype, fp32_weight_grad: bool) -> torch.dtype:
+    """The dtype dW is summed in over several blocks: float32 (float64 stays), or the weight's own."""
+    return torch.promote_types(dtype, torch.float32) if fp32_weight_grad else dtype
+
+
 def hidden_rows(hidden):
     """A (B*T, H) view of hidden for fast row gathers, or None when its strides allow none."""
     batch, seq, size = hidden.shape
@@ -197,9 +202,7 @@ def new_grad_sums(hidden, weight, plan: Plan, opts: Options) -> GradSums:
         alloc = torch.zeros if plan.dropped else torch.empty  # dropped rows get no gradient rows
         dx = alloc(tokens, size, device=hidden.device, dtype=hidden.dtype)
     db = torch.zeros(weight.shape[0], device=hidden.device, dtype=stats_dtype(hidden.dtype)) if opts.grad_bias else None
-    dw_dtype = None
-    if opts.grad_weight:
-        dw_dtype = torch.promote_types(hidden.dtype, torch.float32) if opts.fp32_weight_grad else hidden.dtype
+    dw_dtype = dw_sum_dtype(hidden.dtype, opts.fp32_weight_grad) if opts.grad_weight else None
     return GradSums(dx, db, dw_dtype)
 
 

@@ -64,8 +64,7 @@ def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, 
         if grad_hidden:
             dx = hidden.new_empty(batch * seq, size)
         if grad_weight:
-            dw_dtype = torch.promote_types(hidden.dtype, torch.float32) if fp32_weight_grad else hidden.dtype
-            dw = hidden.new_empty(vocab, size, dtype=dw_dtype)
+            dw = hidden.new_empty(vocab, size, dtype=chunked.dw_sum_dtype(hidden.dtype, fp32_weight_grad))
         if grad_bias:
             db = hidden.new_empty(vocab, dtype=acc)
     return (*terms, dx, dw, db, logit_grads, row_tokens)
