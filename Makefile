@@ -22,13 +22,13 @@ test: $(STAMP)  ## run the test suite (CPU: Triton kernels through the interpret
 	$(PY) -m pytest -q
 
 notebooks: $(STAMP)  ## execute every notebook headless into build/notebooks and write the figures
-	$(PY) -m orpo_lib.notebooks --out build/notebooks
+	$(PY) -m orpo_lib.workbook.notebooks --out build/notebooks
 
 figures: $(STAMP)  ## rebuild figures/ from the measured data in figures/data (no GPU needed)
-	$(PY) -m orpo_lib.figures
+	$(PY) -m orpo_lib.workbook.figures
 
 bench: $(STAMP)  ## benchmark floor / baseline / fused (/ liger) and record to figures/data
-	$(PY) -m orpo_lib.bench
+	$(PY) -m orpo_lib.workbook.bench
 
 lab: $(STAMP)  ## open the workbook in JupyterLab (kernel python3 from .venv; no GPU: Triton interpreter)
 	env -u MPLBACKEND $(PY) -m jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks

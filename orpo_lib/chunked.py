@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels, schedule, sequence_kernels
+from . import kernels, schedule
 from .validation import TokenCounts
 
 
@@ -141,8 +141,8 @@ def new_token_stats(batch: int, seq: int, dtype: torch.dtype, device) -> TokenSt
 
 
 def pair_terms(stats: TokenStats, counts: TokenCounts, first_pair: int, end_pair: int, seq: int, beta: float) -> None:
-    sequence_kernels.pair_terms(stats.logp, counts.tokens_per_seq, stats.seq_logp, stats.seq_coef, stats.log_odds,
-                                stats.pair_loss, first_pair=first_pair, end_pair=end_pair, seq_len=seq, beta=beta)
+    kernels.pair_terms(stats.logp, counts.tokens_per_seq, stats.seq_logp, stats.seq_coef, stats.log_odds,
+                      stats.pair_loss, first_pair=first_pair, end_pair=end_pair, seq_len=seq, beta=beta)
 
 
 # ---- one block ----------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def add_block_grads(sums: GradSums, block: Block, weight, token_order: bool) -> 
         if sums.dw is None:
             sums.dw = _mm(grad.t(), block.x, sums.dw_dtype)
         else:
-            _addmm_(sums.dw, grad.t(), block.x)
+            accumulate_mm(sums.dw, grad.t(), block.x)
     if sums.db is not None:
         sums.db += grad.sum(0, dtype=sums.db.dtype)
 
@@ -232,7 +232,7 @@ def _mm(a, b, out_dtype):
     return torch.mm(a.to(out_dtype), b.to(out_dtype))
 
 
-def _addmm_(acc, a, b):
+def accumulate_mm(acc, a, b):
     """acc += a @ b, accumulating in acc's dtype."""
     if acc.dtype == a.dtype:
         acc.addmm_(a, b)

@@ -22,11 +22,16 @@ from .output import ORPOOutput, orpo_output
 from .validation import check_arguments, check_options, count_tokens
 
 
+# The ops' namespace is the package's name, so that a second copy of the package loaded beside this one
+# (the benchmark's --before) registers ops of its own instead of clashing with these.
+_OPS = __package__
+
+
 def _empty(like):
     return like.new_empty(0)
 
 
-@torch.library.custom_op("orpo_lib::fused_linear_orpo_forward", mutates_args=())
+@torch.library.custom_op(f"{_OPS}::fused_linear_orpo_forward", mutates_args=())
 def _forward_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
                 nll_target: Optional[torch.Tensor], beta: float, ignore_index: int, compute_nll_loss: bool,
                 chunk_size: Optional[int], fp32_weight_grad: bool, grad_hidden: bool, grad_weight: bool,
@@ -70,7 +75,7 @@ def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, 
     return (*terms, dx, dw, db, logit_grads, row_tokens)
 
 
-@torch.library.custom_op("orpo_lib::fused_linear_orpo_backward", mutates_args=())
+@torch.library.custom_op(f"{_OPS}::fused_linear_orpo_backward", mutates_args=())
 def _backward_op(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, dx_sum: torch.Tensor,
                  dw_sum: torch.Tensor, db_sum: torch.Tensor, logit_grads: torch.Tensor, row_tokens: torch.Tensor,
                  grad_hidden: bool, grad_weight: bool, grad_bias: bool,
@@ -111,8 +116,7 @@ def _autograd_backward(ctx, grad_loss, *_metrics_and_saved):
         return (None,) * 14
     hidden, weight, *saved = ctx.saved_tensors
     grad_hidden, grad_weight, grad_bias, single_block = ctx.grad_flags
-    dx, dw, db = torch.ops.orpo_lib.fused_linear_orpo_backward(grad_loss, hidden, weight, *saved, grad_hidden,
-                                                                grad_weight, grad_bias, single_block)
+    dx, dw, db = _backward_op(grad_loss, hidden, weight, *saved, grad_hidden, grad_weight, grad_bias, single_block)
     return (dx if grad_hidden else None, dw if grad_weight else None, db if grad_bias else None,
             *[None] * 11)
 

@@ -1,7 +1,7 @@
 """The odds-ratio part of ORPO: from per-sequence log-probs to the loss and its gradients.
 
 Everything here works on (B/2,) vectors, so it is cheap. The materialising baseline uses it
-through autograd; the chunked loss runs the same formulas in ``sequence_kernels.pair_terms_kernel``
+through autograd; the chunked loss runs the same formulas in ``kernels.pair_terms.pair_terms_kernel``
 (one launch instead of dozens of small ops), and the tests hold the two to each other, so that both
 define the loss at the edges (certain sequences) the same way.
 """

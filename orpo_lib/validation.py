@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ._triton_mode import INTERPRET
-from .sequence_kernels import label_stats
+from .kernels import label_stats
 
 
 def check_arguments(hidden, weight, target, bias, nll_target) -> None:

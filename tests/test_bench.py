@@ -1,11 +1,14 @@
 """The benchmark harness at a tiny shape on the CPU: every provider recorded, with provenance."""
 
 import json
+import shutil
 import sys
+from pathlib import Path
 
 import torch
 
-from orpo_lib import bench
+import orpo_lib
+from orpo_lib.workbook import bench
 
 
 def test_harness_records_every_provider_and_mode(tmp_path):
@@ -127,13 +130,24 @@ def test_sweeps_run_on_cpu(tmp_path):
         assert errors["fused"]["grad_weight"] < 1e-4 and errors["baseline"]["grad_weight"] < 1e-4
 
 
-def test_save_experiment_writes_results_with_provenance(tmp_path, monkeypatch):
-    monkeypatch.setenv("OUT", str(tmp_path / "out"))
-    monkeypatch.setenv("ORPO_COMMIT", "abc1234")
-    monkeypatch.setattr(sys, "argv", ["experiments/host_wait.py", "2x1024"])
-    path = bench.save_experiment("host-wait", [{"shape": "2x1024", "call_ms": 9.0}], torch.device("cpu"))
-    assert path == tmp_path / "out" / "host-wait.json"
-    record = json.loads(path.read_text())
-    assert record["results"] == [{"shape": "2x1024", "call_ms": 9.0}]
-    assert record["provenance"]["command"] == "python3 experiments/host_wait.py 2x1024"
-    assert record["provenance"]["commit"] == "abc1234" and record["provenance"]["gpu"].startswith("CPU")
+def test_before_measures_an_earlier_copy_of_the_package_beside_this_one(tmp_path, monkeypatch):
+    # the "earlier copy" counts its calls, so the test can tell which package each provider ran
+    shutil.copytree(Path(orpo_lib.__file__).parent, tmp_path / "orpo_lib_before")
+    fused_py = tmp_path / "orpo_lib_before" / "fused.py"
+    fused_py.write_text(fused_py.read_text() + "\nCALLS = []\n_counted = fused_linear_orpo_loss\n\n\n"
+                        "def fused_linear_orpo_loss(*args, **kwargs):\n    CALLS.append(1)\n"
+                        "    return _counted(*args, **kwargs)\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        record = bench.main(["--shapes", "2x8", "--hidden", "32", "--vocab", "101", "--reps", "2", "--warmup", "0",
+                             "--providers", "fused", "--modes", "eval", "--before", str(tmp_path),
+                             "--out", str(tmp_path / "ab.json")])
+        calls = len(sys.modules["orpo_lib_before.fused"].CALLS)
+    finally:
+        bench.PROVIDERS.pop("before", None)
+        for name in [m for m in sys.modules if m.startswith("orpo_lib_before")]:
+            del sys.modules[name]
+    by_provider = {r["provider"]: r for r in record["results"]}
+    assert set(by_provider) == {"fused", "before"} and all(r["status"] == "ok" for r in by_provider.values())
+    assert calls == 1 + 2  # the call before the peak (not measured on the CPU), then the two timed repetitions
+    assert "--before" in record["provenance"]["command"]

@@ -1,13 +1,13 @@
-"""`python -m orpo_lib.figures`: model figures always, measured figures only from a record, provenance on each."""
+"""`python -m orpo_lib.workbook.figures`: model figures always, measured figures only from a record, provenance on each."""
 
 import json
 
 import pytest
 
-from orpo_lib import figures, measurements
+from orpo_lib.workbook import figures, measurements
 
 PROVENANCE = {"gpu": "Test GPU X1", "torch": "9.9", "triton": "9.9", "liger": None, "date": "2000-01-01",
-              "commit": "feedfacecafe0123", "command": "python -m orpo_lib.bench --sweeps chunk,stages,row_kernel"}
+              "commit": "feedfacecafe0123", "command": "python -m orpo_lib.workbook.bench --sweeps chunk,stages,row_kernel"}
 MODEL_FIGURES = {"memory-vs-batch-T1024", "memory-vs-batch-T4096", "memory-vs-seq-B16", "memory-breakdown-16x4096"}
 
 
@@ -55,7 +55,7 @@ def test_model_figures_carry_model_and_measurement_provenance(tmp_path):
     empty.mkdir()
     figures.build_figures(empty, tmp_path / "out")
     svg = (tmp_path / "out" / "memory-vs-batch-T4096.svg").read_text()
-    assert "orpo_lib.memory" in svg
+    assert "orpo_lib.workbook.memory" in svg
     assert "NVIDIA H200" in svg and "2026-12-02" in svg and "H200 anchors" in svg
 
 
@@ -69,7 +69,7 @@ def test_committed_data_gives_every_figure_with_short_captions(tmp_path):
     for path in written:
         if path.suffix == ".svg":
             text = path.read_text()
-            assert "python -m orpo_lib.bench" not in text and "--sweep" not in text, path.name
+            assert "python -m orpo_lib.workbook.bench" not in text and "--sweep" not in text, path.name
     assert "commit 27249d8 (bench-2026-12-03-h200-t1024.json" in (tmp_path / "out" / "batch-scaling-full-T4096.svg").read_text()
     assert "B=8, T=4096" in (tmp_path / "out" / "chunk-pareto.svg").read_text()
     assert "mask-2026-12-03-h200.json" in (tmp_path / "out" / "mask-prompt-half.svg").read_text()

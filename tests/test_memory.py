@@ -2,8 +2,9 @@
 
 import pytest
 
-from orpo_lib import memory, schedule
-from orpo_lib.measurements import H200_ANCHORS, latest_bench_record
+from orpo_lib import schedule
+from orpo_lib.workbook import memory
+from orpo_lib.workbook.measurements import H200_ANCHORS, latest_bench_record
 
 H, V = 4096, 128256
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from orpo_lib import memory
-from orpo_lib.measurements import latest_bench_record
-from orpo_lib.notebooks import execute, notebook_paths
-from orpo_lib.record import load_record
+from orpo_lib.workbook import memory
+from orpo_lib.workbook.measurements import latest_bench_record
+from orpo_lib.workbook.notebooks import execute, notebook_paths
+from orpo_lib.workbook.record import load_record
 
 pytestmark = pytest.mark.notebook
 GIB = 2**30

@@ -7,7 +7,7 @@ import torch
 
 from orpo_lib import kernels
 from orpo_lib.pairs import odds_ratio_terms
-from orpo_lib.sequence_kernels import LABEL_STATS, label_stats, pair_terms
+from orpo_lib.kernels import LABEL_STATS, label_stats, pair_terms
 
 
 @pytest.mark.parametrize("beta", [0.1, 0.25, 3.0])

@@ -5,7 +5,7 @@ import json
 import ipywidgets
 import pytest
 
-from orpo_lib import memory, widgets
+from orpo_lib.workbook import memory, widgets
 
 
 @pytest.fixture

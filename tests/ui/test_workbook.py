@@ -15,12 +15,12 @@ NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb
 EXPECTED_NOTEBOOKS = 4
 RUN_ALL_TIMEOUT_S = 480
 
-# orpo_lib.widgets.memory_explorer: its shape controls (description labels) and the header line
-# and table that orpo_lib.widgets.show_memory prints above its figure.
+# orpo_lib.workbook.widgets.memory_explorer: its shape controls (description labels) and the header line
+# and table that orpo_lib.workbook.widgets.show_memory prints above its figure.
 MEMORY_CONTROLS = {"batch": "batch B", "seq": "seq T", "hidden": "hidden H", "vocab": "vocab V"}
 MEMORY_CHUNK_CONTROL = "chunk rows (0: default)"
-# orpo_lib.widgets.batch_scaling_explorer: the largest batch, sequence length, hidden and vocab
-# sizes, and mode; orpo_lib.widgets.show_batch_scaling prints a header line, the memory model's
+# orpo_lib.workbook.widgets.batch_scaling_explorer: the largest batch, sequence length, hidden and vocab
+# sizes, and mode; orpo_lib.workbook.widgets.show_batch_scaling prints a header line, the memory model's
 # peaks (GiB, one row per batch) and, when a GPU record has the workload, a measured table.
 SCALING_CONTROLS = {"batch": "batch B ≤", "seq": "seq T", "hidden": "hidden H", "vocab": "vocab V"}
 SCALING_MODE_CONTROL = "mode"
@@ -79,10 +79,10 @@ def shown_bytes(text: str) -> tuple[float, float]:
 
 
 def check_memory_view(notebook, shape: dict, chunk_rows: int) -> str:
-    """The header and every implementation's peak in the view agree with orpo_lib.memory."""
+    """The header and every implementation's peak in the view agree with orpo_lib.workbook.memory."""
     from lab_driver import text_table
 
-    from orpo_lib import memory
+    from orpo_lib.workbook import memory
 
     text = notebook.output_text(MEMORY_CONTROLS["batch"])
     b, t, h, v = shape["batch"], shape["seq"], shape["hidden"], shape["vocab"]
@@ -103,7 +103,7 @@ def check_memory_view(notebook, shape: dict, chunk_rows: int) -> str:
 
 
 def check_memory_explorer(notebook):
-    """Move batch, then sequence length; the table must follow orpo_lib.memory each time and the
+    """Move batch, then sequence length; the table must follow orpo_lib.workbook.memory each time and the
     breakdown figure be redrawn."""
     shape = {key: int(notebook.widget_value(label)) for key, label in MEMORY_CONTROLS.items()}
     chunk_rows = int(notebook.widget_value(MEMORY_CHUNK_CONTROL))
@@ -130,8 +130,8 @@ def check_scaling_view(notebook, shape: dict, mode: str) -> str:
     """Header, model peaks and (with a GPU record) measured medians agree with orpo_lib."""
     from lab_driver import text_table
 
-    from orpo_lib import memory
-    from orpo_lib.measurements import NO_RECORD_MESSAGE, floor_mode, latest_bench_record
+    from orpo_lib.workbook import memory
+    from orpo_lib.workbook.measurements import NO_RECORD_MESSAGE, floor_mode, latest_bench_record
 
     text = notebook.output_text(SCALING_CONTROLS["batch"])
     b, t, h, v = shape["batch"], shape["seq"], shape["hidden"], shape["vocab"]
@@ -169,7 +169,7 @@ def check_scaling_view(notebook, shape: dict, mode: str) -> str:
 
 def check_batch_scaling_explorer(notebook):
     """Move sequence length, then the largest batch, then mode: each time the printed model peaks
-    follow orpo_lib.memory (and measured numbers the record, if any) and the figure is redrawn."""
+    follow orpo_lib.workbook.memory (and measured numbers the record, if any) and the figure is redrawn."""
     shape = {key: int(notebook.widget_value(label)) for key, label in SCALING_CONTROLS.items()}
     mode = notebook.widget_value(SCALING_MODE_CONTROL)
     text = check_scaling_view(notebook, shape, mode)

@@ -199,7 +199,7 @@ def live_chunk_sweep(batch: int, seq: int, hidden: int, vocab: int, chunk_sizes:
         raise RuntimeError("the live sweep needs a CUDA device")
     sweep = chunk_sweep(Workload(batch, seq, hidden, vocab), torch.device("cuda"), chunk_sizes, warmup=2, reps=5)
     provenance = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": "this session",
-                  "command": "orpo_lib.widgets.live_chunk_sweep"}
+                  "command": "orpo_lib.workbook.widgets.live_chunk_sweep"}
     fig = plots.chunk_pareto(sweep, provenance, source="live sweep", batch=batch, seq=seq, hidden=hidden, vocab=vocab, chunk_sizes=chunk_sizes)
     _show(fig, output_dir, "chunk-pareto-live")
     return sweep

@@ -1,4 +1,4 @@
-"""Execute the workbook headless: ``python -m orpo_lib.notebooks --out build/notebooks``.
+"""Execute the workbook headless: ``python -m orpo_lib.workbook.notebooks --out build/notebooks``.
 
 Each notebook runs with papermill on the ``python3`` kernel into the output folder (never over the
 sources). It receives two parameters: ``output_dir`` for its figures and ``record_path`` for the
@@ -16,7 +16,7 @@ import papermill
 
 # A cell that runs longer than this is stuck (the whole workbook takes well under a minute on CPU).
 CELL_TIMEOUT_S = 240
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def notebook_paths(names: list[str] | None = None) -> list[Path]:

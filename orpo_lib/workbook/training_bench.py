@@ -1,6 +1,6 @@
 """End to end: AdamW steps of a random Llama (transformers) with the fused loss and with the baseline.
 
-    python -m orpo_lib.training_bench [--batches 8,16] [--seq 1024] [--steps 10] [--out PATH]
+    python -m orpo_lib.workbook.training_bench [--batches 8,16] [--seq 1024] [--steps 10] [--out PATH]
 
 One step = decoder forward, the ORPO loss on the LM head (``orpo_lib.causal_lm`` conventions: a prompt
 of a quarter of each row masked, some rows padded), backward, optimizer step. Reports the median step
@@ -15,9 +15,9 @@ import sys
 import torch
 
 from . import bench
-from .baseline import orpo_loss_baseline
-from .causal_lm import orpo_targets
-from .fused import fused_linear_orpo_loss
+from ..baseline import orpo_loss_baseline
+from ..causal_lm import orpo_targets
+from ..fused import fused_linear_orpo_loss
 
 LOSSES = {"fused": fused_linear_orpo_loss, "baseline": orpo_loss_baseline}
 # About 120M parameters: 2 × 24.6M in the embedding and the LM head, 10 layers of 7.1M.
@@ -95,7 +95,7 @@ def main(argv=None):
                   f"peak {r['peak_over_step_inputs_gib']:.2f} GiB, losses {r['losses'][0]:.4f} … {r['losses'][-1]:.4f}",
                   flush=True)
     import transformers
-    record = {"provenance": {**bench.provenance(device, "python -m orpo_lib.training_bench " + " ".join(argv or sys.argv[1:]),
+    record = {"provenance": {**bench.provenance(device, "python -m orpo_lib.workbook.training_bench " + " ".join(argv or sys.argv[1:]),
                                                 args.commit), "transformers": transformers.__version__},
               "model": MODEL, "results": results}
     out = args.out or f"figures/data/training-{bench.provenance(device, '')['date'][:10]}-{bench.device_slug(device)}.json"

@@ -27,7 +27,7 @@ STYLE = {
     "fused_lean": {"color": "tab:cyan", "label": "fused, lean (1024-row chunks)", "marker": "P"},
 }
 UNMASKED = {"mask": "none"}  # benchmark rows where every token counts (the anchors' setting)
-MODEL_NOTE = "Model: orpo_lib.memory (counted tensor sizes)"
+MODEL_NOTE = "Model: orpo_lib.workbook.memory (counted tensor sizes)"
 
 
 def add_caption(fig: Figure, *lines: str) -> None:

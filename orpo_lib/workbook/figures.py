@@ -1,6 +1,6 @@
 """Rebuild every report figure in ``figures/`` from ``figures/data`` (no GPU needed).
 
-    python -m orpo_lib.figures [--data figures/data] [--out figures]
+    python -m orpo_lib.workbook.figures [--data figures/data] [--out figures]
 
 Figures of the analytic memory model are always drawn, with the peaks of the newest benchmark
 record (and the published anchors for the seed baseline) overlaid. Figures of measured time need a

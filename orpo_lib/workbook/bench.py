@@ -1,7 +1,7 @@
 """The benchmark harness: every provider on the same inputs in one run, recorded with provenance.
 
-    python -m orpo_lib.bench                       # seed workloads on CUDA, tiny shapes on CPU
-    python -m orpo_lib.bench --shapes 2x1024,16x4096 --providers floor,fused --modes full
+    python -m orpo_lib.workbook.bench                       # seed workloads on CUDA, tiny shapes on CPU
+    python -m orpo_lib.workbook.bench --shapes 2x1024,16x4096 --providers floor,fused --modes full
 
 Providers: ``floor`` (the three GEMMs any fused linear loss must do, torch.matmul on the same
 shapes; in ``eval`` mode only the logits GEMM), ``baseline`` (materialising, TRL style), ``fused``
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from . import kernels
-from ._triton_mode import INTERPRET
-from .baseline import orpo_loss_baseline
-from .chunked import _addmm_
-from .fused import fused_linear_orpo_loss
+from .. import kernels
+from .._triton_mode import INTERPRET
+from ..baseline import orpo_loss_baseline
+from ..chunked import accumulate_mm
+from ..fused import fused_linear_orpo_loss
 from .memory import LEAN_CHUNK_ROWS, fused_chunk_rows
 
 SEED_SHAPES = [(b, t) for t in (1024, 4096) for b in (2, 4, 8, 16)]
@@ -155,6 +155,17 @@ def _liger(w, inputs, mode):
         out = liger(wt, h, t, nll_target=nt)
         return out[0] if isinstance(out, tuple) else out
     return _loss_call(loss_fn, inputs, mode)
+
+
+def load_before(folder) -> None:
+    """Adds the provider ``before``: the fused loss of an earlier copy of the package, unpacked as
+    ``<folder>/orpo_lib_before`` (``git archive <rev> orpo_lib | tar -x -C <folder>``, then rename), so that a
+    change is measured in the same run, on the same inputs and clock drift, as what it replaces."""
+    sys.path.insert(0, str(Path(folder).resolve()))
+    from orpo_lib_before import fused_linear_orpo_loss as before
+
+    PROVIDERS["before"] = lambda w, inputs, mode: _loss_call(
+        lambda h, wt, t, nt: before(h, wt, t, nll_target=nt).loss, inputs, mode)
 
 
 PROVIDERS = {
@@ -321,7 +332,7 @@ def measure(provider, mode, w, inputs, device, *, warmup, reps, chunk_size=None,
 
 def accuracy(w: Workload, device, seed=1) -> dict:
     """Relative errors of loss, dX and dW against a float64 reference, for fused and baseline on the same inputs."""
-    from .reference import orpo_loss_reference
+    from ..reference import orpo_loss_reference
 
     hidden, weight, target, nll_target = make_inputs(w, device, seed)
     h64 = hidden.detach().double().requires_grad_()
@@ -388,7 +399,7 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
         "row grads (read, write) + copy": row_grads,
         "dX GEMM": lambda: torch.mm(logits, weight),
         "dW GEMM (weight dtype out)": lambda: torch.mm(logits.t(), x),
-        "dW GEMM (fp32 accumulate)": lambda: _addmm_(acc, logits.t(), x),
+        "dW GEMM (fp32 accumulate)": lambda: accumulate_mm(acc, logits.t(), x),
     }
     logit_bytes = chunk_rows * w.vocab * logits.element_size()
     rows = []
@@ -487,14 +498,6 @@ def write_json(path, record) -> Path:
     return path
 
 
-def save_experiment(name: str, results: list, device) -> Path:
-    """An experiment's results with their provenance (the command line, and the commit from $ORPO_COMMIT
-    or git), as ``<name>.json`` in $OUT, or in build/ without it."""
-    record = {"provenance": provenance(device, "python3 " + " ".join(sys.argv), os.environ.get("ORPO_COMMIT")),
-              "results": results}
-    return write_json(Path(os.environ.get("OUT", "build")) / f"{name}.json", record)
-
-
 def device_slug(device) -> str:
     """A short name for record files: the GPU's model ("h200" for "NVIDIA H200"), or "cpu"."""
     if device.type != "cuda":
@@ -518,9 +521,11 @@ def format_table(results, floor_by_shape) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None):
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--providers", default="floor,baseline,fused,fused_lean,liger")
+    parser.add_argument("--before", default=None, metavar="FOLDER",
+                        help="also measure the provider 'before': FOLDER/orpo_lib_before, an earlier copy of the package")
     parser.add_argument("--modes", default="full,forward,eval")
     parser.add_argument("--shapes", default=None, help="BxT,BxT,... (default: the seed workloads on CUDA)")
     parser.add_argument("--hidden", type=int, default=None)
@@ -533,30 +538,15 @@ def main(argv=None):
     parser.add_argument("--sweep-shape", default=None, help="BxT of the sweeps (default 8x4096 on CUDA, 4x32 on CPU)")
     parser.add_argument("--out", default=None, help="JSON record (default figures/data/bench-<date>-<device>.json)")
     parser.add_argument("--commit", default=None)
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    on_gpu = device.type == "cuda"
-    shapes = parse_shapes(args.shapes) if args.shapes else (SEED_SHAPES if on_gpu else CPU_SHAPES)
-    hidden = args.hidden or (SEED_HIDDEN if on_gpu else CPU_HIDDEN)
-    vocab = args.vocab or (SEED_VOCAB if on_gpu else CPU_VOCAB)
-    dtype = args.dtype or ("bf16" if on_gpu else "fp32")  # the interpreter computes bf16 wrongly
-    warmup = args.warmup if args.warmup is not None else (2 if on_gpu else 1)
-    reps = args.reps or (10 if on_gpu else 2)
-    providers = [p for p in args.providers.split(",") if p]
-    if "liger" in providers and (not on_gpu or liger_version() is None):
-        providers.remove("liger")  # Liger needs CUDA and its package
-    modes = [m for m in args.modes.split(",") if m]
-    masks = [m for m in args.masks.split(",") if m]
 
-    from tqdm.auto import tqdm
-
-    record = {"provenance": provenance(device, "python -m orpo_lib.bench " + " ".join(argv), args.commit),
-              "results": [], "sweeps": {}}
-    workloads = [Workload(b, t, hidden, vocab, dtype, mask) for mask in masks for (b, t) in shapes]
-    for w in tqdm(workloads, desc="bench", disable=None):
-        if on_gpu:
+def run_workloads(workloads, providers, modes, device, *, warmup, reps) -> list:
+    """Every provider in every mode on each workload, interleaved per mode; one result dict each."""
+    results = []
+    for n, w in enumerate(workloads, 1):
+        print(f"[{n}/{len(workloads)}] {w.batch}x{w.seq} mask={w.mask}", file=sys.stderr, flush=True)
+        if device.type == "cuda":
             torch.cuda.empty_cache()
             torch._dynamo.reset()
         inputs = make_inputs(w, device)
@@ -568,42 +558,75 @@ def main(argv=None):
                     if not (p in ("floor", "liger") and mode == "forward")]
             for result in measure_interleaved(jobs, mode, w, inputs, device, warmup=warmup, reps=reps):
                 by_job[result.provider, mode] = result
-        record["results"] += [asdict(by_job[p, m]) for p in providers for m in modes if (p, m) in by_job]
+        results += [asdict(by_job[p, m]) for p in providers for m in modes if (p, m) in by_job]
         del inputs  # freed before the next workload's are made
+    return results
 
-    sweeps = [s for s in args.sweeps.split(",") if s]
-    if sweeps:
-        b, t = parse_shapes(args.sweep_shape or ("8x4096" if on_gpu else "4x32"))[0]
-        w = Workload(b, t, hidden, vocab, dtype)
-        chunk_rows = 4096 if on_gpu else 64
-        if "chunk" in sweeps:
-            chunks = [1024, 2048, 4096, 8192, 16384] if on_gpu else [16, 64, 256]
-            record["sweeps"]["chunk"] = chunk_sweep(w, device, chunks, warmup=warmup, reps=reps)
-        if "stages" in sweeps:
-            record["sweeps"]["stages"] = stage_times(w, device, chunk_rows, warmup=warmup, reps=reps)
-        if "row_kernel" in sweeps:
-            record["sweeps"]["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, row_launches(on_gpu),
-                                                              warmup=warmup, reps=reps)
-        if "profile" in sweeps and on_gpu:
-            record["sweeps"]["profile"] = profile_fused(w, device)
-        if "accuracy" in sweeps:
-            # Token counts that are powers of two make the baseline's NLL gradient (-1/count) exact in
-            # bf16, which flatters it; awkward counts show the usual rounding.
-            acc_dtype = "bf16" if on_gpu else "fp32"
-            record["sweeps"]["accuracy"] = [
-                {"workload": asdict(acc_w), "relative_error": accuracy(acc_w, device)}
-                for acc_w in (Workload(2, 512, hidden, vocab, acc_dtype), Workload(2, 500, hidden, vocab, acc_dtype),
-                              Workload(4, 1000, hidden, vocab, acc_dtype, mask="prompt-half"))]
 
-    out = Path(args.out) if args.out else Path("figures/data") / (
-        f"bench-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
-    write_json(out, record)
-    results = [Result(**{k: v for k, v in r.items()}) for r in record["results"]]
+def run_sweeps(sweeps, w: Workload, device, *, warmup, reps) -> dict:
+    """The named sweeps at one workload (chunk size, stages, row-kernel launches, profile, accuracy)."""
+    on_gpu = device.type == "cuda"
+    chunk_rows = 4096 if on_gpu else 64
+    out = {}
+    if "chunk" in sweeps:
+        chunks = [1024, 2048, 4096, 8192, 16384] if on_gpu else [16, 64, 256]
+        out["chunk"] = chunk_sweep(w, device, chunks, warmup=warmup, reps=reps)
+    if "stages" in sweeps:
+        out["stages"] = stage_times(w, device, chunk_rows, warmup=warmup, reps=reps)
+    if "row_kernel" in sweeps:
+        out["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, row_launches(on_gpu), warmup=warmup, reps=reps)
+    if "profile" in sweeps and on_gpu:
+        out["profile"] = profile_fused(w, device)
+    if "accuracy" in sweeps:
+        # Token counts that are powers of two make the baseline's NLL gradient (-1/count) exact in
+        # bf16, which flatters it; awkward counts show the usual rounding.
+        dtype = "bf16" if on_gpu else "fp32"
+        cases = (Workload(2, 512, w.hidden, w.vocab, dtype), Workload(2, 500, w.hidden, w.vocab, dtype),
+                 Workload(4, 1000, w.hidden, w.vocab, dtype, mask="prompt-half"))
+        out["accuracy"] = [{"workload": asdict(case), "relative_error": accuracy(case, device)} for case in cases]
+    return out
+
+
+def summary_table(record) -> str:
+    """The record's results as a table, each time also as a multiple of its floor (same shape and mode)."""
+    results = [Result(**r) for r in record["results"]]
     floor = {(r.batch, r.seq, r.mode): r.median_ms for r in results if r.provider == "floor" and r.mask == "none"}
     for r in results:  # the forward floor is the logits GEMM, measured in eval mode
         if r.provider == "floor" and r.mode == "eval":
             floor[(r.batch, r.seq, "forward")] = r.median_ms
-    print(format_table(results, floor))
+    return format_table(results, floor)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    shapes = parse_shapes(args.shapes) if args.shapes else (SEED_SHAPES if on_gpu else CPU_SHAPES)
+    hidden = args.hidden or (SEED_HIDDEN if on_gpu else CPU_HIDDEN)
+    vocab = args.vocab or (SEED_VOCAB if on_gpu else CPU_VOCAB)
+    dtype = args.dtype or ("bf16" if on_gpu else "fp32")  # the interpreter computes bf16 wrongly
+    warmup = args.warmup if args.warmup is not None else (2 if on_gpu else 1)
+    reps = args.reps or (10 if on_gpu else 2)
+    providers = [p for p in args.providers.split(",") if p]
+    if "liger" in providers and (not on_gpu or liger_version() is None):
+        providers.remove("liger")  # Liger needs CUDA and its package
+    if args.before:
+        load_before(args.before)
+        providers.append("before")
+    masks = [m for m in args.masks.split(",") if m]
+
+    record = {"provenance": provenance(device, "python -m orpo_lib.workbook.bench " + " ".join(argv), args.commit)}
+    workloads = [Workload(b, t, hidden, vocab, dtype, mask) for mask in masks for (b, t) in shapes]
+    record["results"] = run_workloads(workloads, providers, [m for m in args.modes.split(",") if m], device,
+                                      warmup=warmup, reps=reps)
+    b, t = parse_shapes(args.sweep_shape or ("8x4096" if on_gpu else "4x32"))[0]
+    record["sweeps"] = run_sweeps([s for s in args.sweeps.split(",") if s], Workload(b, t, hidden, vocab, dtype),
+                                  device, warmup=warmup, reps=reps)
+    out = Path(args.out) if args.out else Path("figures/data") / (
+        f"bench-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
+    write_json(out, record)
+    print(summary_table(record))
     print(f"record: {out}")
     return record
 

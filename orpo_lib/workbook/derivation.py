@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from . import fused_linear_orpo_loss, orpo_loss_reference
-from .pairs import log1mexp
+from .. import fused_linear_orpo_loss, orpo_loss_reference
+from ..pairs import log1mexp
 
 
 def random_problem(batch=4, seq=24, hidden=48, vocab=517, *, ignored_fraction=0.25, seed=0, dtype=torch.float32):

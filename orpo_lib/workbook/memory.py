@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .schedule import accumulator_rows, auto_chunk_rows, wanted_chunk_rows
+from ..schedule import accumulator_rows, auto_chunk_rows, wanted_chunk_rows
 
 GIB = 2**30
 FP32_BYTES = 4

@@ -1,6 +1,6 @@
 """Measured numbers the workbook shows: benchmark records in ``figures/data`` and published anchors.
 
-A benchmark record is the JSON that ``python -m orpo_lib.bench`` writes on a GPU machine:
+A benchmark record is the JSON that ``python -m orpo_lib.workbook.bench`` writes on a GPU machine:
 ``{"provenance": {...}, "results": [...], "sweeps": {...}}``. Nothing here invents data: when no
 record exists the loaders return nothing and callers say so.
 """
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "figures" / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "figures" / "data"
 
 NO_RECORD_MESSAGE = (
     "No GPU benchmark record in figures/data yet: the measured curves appear once "
@@ -82,7 +82,7 @@ def latest_bench_record(data_dir: str | Path | None = None, pattern: str = "benc
                        source=", ".join(r.source for r in same_run))
 
 
-# The providers ``python -m orpo_lib.bench`` measures, in the order the workbook lists them.
+# The providers ``python -m orpo_lib.workbook.bench`` measures, in the order the workbook lists them.
 BENCH_PROVIDERS = ("floor", "baseline", "fused", "fused_lean", "liger")
 
 

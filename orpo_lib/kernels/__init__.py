@@ -1,0 +1,25 @@
+"""The Triton kernels of the chunked loss, one module per role, in the order a call runs them:
+
+* ``labels`` — ``label_stats_kernel``: checks the labels, counts each sequence's tokens, writes the
+  int32 target ids (one program per sequence, before any GEMM).
+* ``row_stats`` — ``row_stats_kernel``: a chunk's log-sum-exp, target log-probs and logit sums
+  (one program per row, one read of the logits).
+* ``pair_terms`` — ``pair_terms_kernel``: each pair's odds ratio and every token's dL/dlogp
+  (one program per pair).
+* ``row_grads`` — ``row_grads_kernel``: the chunk rewritten in place into dL/dlogits (one program
+  per row, one read and one write).
+* ``scaling`` — ``scale_kernel``: backward's upstream gradient applied to the summed gradients.
+
+``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk.
+Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
+"""
+
+from .labels import LABEL_STATS, label_stats
+from .pair_terms import pair_terms
+from .row_grads import GRADS_LAUNCH, row_grads
+from .row_layout import RowLaunch
+from .row_stats import STATS_LAUNCH, row_stats
+from .scaling import scale
+
+__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "label_stats", "pair_terms", "row_grads",
+           "row_stats", "scale"]

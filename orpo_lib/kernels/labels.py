@@ -1,0 +1,70 @@
+"""The label check: one program per sequence checks the label ids, counts the tokens each target
+uses and writes the int32 ids the row kernels read (-1 where a token does not count). One launch
+instead of a dozen small torch ops, which at small shapes would cost more than the row kernels.
+"""
+
+from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)
+
+import torch
+import triton
+import triton.language as tl
+
+# label_stats_kernel's per-sequence outputs, in column order
+LABEL_STATS = ("target_tokens", "kept_tokens", "nll_tokens", "bad_target_ids", "bad_nll_ids")
+
+
+@triton.jit
+def label_stats_kernel(
+    target_ptr,  # (B, T) integer labels of the odds-ratio target
+    nll_target_ptr,  # (B, T) integer labels of the NLL term (may be target_ptr itself)
+    stride_tb, stride_tt, stride_nb, stride_nt,
+    target_ids_ptr,  # (B, T) int32 out: the label, or -1 where the token does not count
+    nll_ids_ptr,  # (B, T) int32 out: the same for the NLL term (chosen half only)
+    stats_ptr,  # (B, 5) int32 out: the LABEL_STATS of each sequence
+    T,
+    V,
+    ignore_index,
+    pairs,  # B / 2: sequences below it are chosen responses
+    COMPUTE_NLL: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_T)
+    n_target = tl.zeros([BLOCK_T], dtype=tl.int32)
+    n_kept = tl.zeros([BLOCK_T], dtype=tl.int32)
+    n_nll = tl.zeros([BLOCK_T], dtype=tl.int32)
+    bad_target = tl.zeros([BLOCK_T], dtype=tl.int32)
+    bad_nll = tl.zeros([BLOCK_T], dtype=tl.int32)
+    for start in range(0, T, BLOCK_T):
+        t = start + offs
+        in_seq = t < T
+        target = tl.load(target_ptr + seq * stride_tb + t * stride_tt, mask=in_seq).to(tl.int64)
+        nll_target = tl.load(nll_target_ptr + seq * stride_nb + t * stride_nt, mask=in_seq).to(tl.int64)
+        target_counts = in_seq & (target != ignore_index)
+        nll_counts = in_seq & (nll_target != ignore_index) & (seq < pairs) & COMPUTE_NLL
+        tl.store(target_ids_ptr + seq * T + t, tl.where(target_counts, target, -1).to(tl.int32), mask=in_seq)
+        tl.store(nll_ids_ptr + seq * T + t, tl.where(nll_counts, nll_target, -1).to(tl.int32), mask=in_seq)
+        n_target += target_counts.to(tl.int32)
+        n_kept += (target_counts | nll_counts).to(tl.int32)
+        n_nll += nll_counts.to(tl.int32)
+        bad_target += (target_counts & ((target < 0) | (target >= V))).to(tl.int32)
+        bad_nll += (nll_counts & ((nll_target < 0) | (nll_target >= V))).to(tl.int32)
+    tl.store(stats_ptr + seq * 5 + 0, tl.sum(n_target, axis=0))
+    tl.store(stats_ptr + seq * 5 + 1, tl.sum(n_kept, axis=0))
+    tl.store(stats_ptr + seq * 5 + 2, tl.sum(n_nll, axis=0))
+    tl.store(stats_ptr + seq * 5 + 3, tl.sum(bad_target, axis=0))
+    tl.store(stats_ptr + seq * 5 + 4, tl.sum(bad_nll, axis=0))
+
+
+def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: bool):
+    """Launch ``label_stats_kernel``: int32 ids (-1 where a token does not count) and (B, 5) LABEL_STATS."""
+    batch, seq = target.shape
+    nll_target = target if nll_target is None else nll_target
+    target_ids, nll_ids = torch.empty(2, batch, seq, device=target.device, dtype=torch.int32)  # one allocation
+    stats = torch.empty(batch, len(LABEL_STATS), device=target.device, dtype=torch.int32)
+    label_stats_kernel[(batch,)](
+        target, nll_target, target.stride(0), target.stride(1), nll_target.stride(0), nll_target.stride(1),
+        target_ids, nll_ids, stats, seq, vocab, ignore_index, batch // 2,
+        COMPUTE_NLL=compute_nll, BLOCK_T=min(triton.next_power_of_2(seq), 1024), num_warps=4,
+    )
+    return target_ids, nll_ids, stats

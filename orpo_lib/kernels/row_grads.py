@@ -1,0 +1,85 @@
+"""Row gradients: once the pair coefficients are known, one program per row rewrites its logits in
+place into dL/dlogits (one read, one write).
+
+The target columns are set from the precise log-probs that ``row_stats_kernel`` saved, so nothing
+cancels when p ≈ 1. The kernel needs only the row's saved log-sum-exp, so it serves as well logits
+recomputed in a second pass.
+"""
+
+from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)
+
+import triton
+import triton.language as tl
+
+from .numerics import expm1
+from .row_layout import RowLaunch, block_v, rows_of, this_row
+
+
+@triton.jit
+def target_columns(grad, cols, target, nll_target, target_grad, nll_grad):
+    # the two target columns of a block of G; the target's last, as it holds the y' = y case
+    grad = tl.where(cols == nll_target, nll_grad, grad)
+    return tl.where(cols == target, target_grad, grad)
+
+
+@triton.jit
+def row_grads_kernel(
+    logits_ptr,  # (C, V) chunk of logits, rewritten in place into dL/dlogits
+    stride_row,
+    target_ptr,  # (C,) int32 odds-ratio target id, -1 where ignored
+    nll_target_ptr,  # (C,) int32 NLL target id, -1 where ignored
+    token_ptr,  # (C,) int64 index of each row in the flattened (B*T) per-token arrays
+    logp_ptr,  # (B*T,) fp32 log p(target), from row_stats_kernel
+    nll_logp_ptr,  # (B*T,) fp32 log p(nll target)
+    lse_ptr,  # (B*T,) fp32 log-sum-exp of each row (fp64 for float64 inputs, like the two above)
+    seq_coef_ptr,  # (B,) fp32 dL/dlogp of each odds-ratio token of the sequence
+    nll_tokens,  # NLL tokens in the batch: each one's dL/dlogp is -1 / nll_tokens (an int, exact in any dtype)
+    seq_len,
+    V,  # at least BLOCK_V
+    BLOCK_V: tl.constexpr,
+):
+    row_ptr, target, nll_target, token = this_row(tl.program_id(0), logits_ptr, stride_row, target_ptr,
+                                                  nll_target_ptr, token_ptr)
+    acc = lse_ptr.dtype.element_ty
+    # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b.
+    a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len), 0.0)
+    b = tl.where(nll_target >= 0, tl.full((), -1.0, acc) / nll_tokens, 0.0)
+    s = a + b
+    # The target columns from expm1(log p) = p - 1, so that nothing cancels when p ≈ 1:
+    # G[y] = a - s·p_y = -(s·expm1(log p_y) + b), or -s·expm1(log p_y) when y' = y (then a + b = s);
+    # G[y'] = -(s·expm1(log p_y') + a).
+    target_grad = -(s * expm1(tl.load(logp_ptr + token)) + tl.where(nll_target == target, 0.0, b))
+    nll_grad = -(s * expm1(tl.load(nll_logp_ptr + token)) + a)
+    lse = tl.load(lse_ptr + token)
+    neg_s = -s
+    out_dtype = logits_ptr.dtype.element_ty
+
+    # Whole blocks without masks (only a block holding a target compares columns), then the tail.
+    offs = tl.arange(0, BLOCK_V)
+    tail = V // BLOCK_V * BLOCK_V
+    for start in range(0, tail, BLOCK_V):
+        x = tl.load(row_ptr + start + offs)
+        grad = neg_s * tl.exp(x.to(acc) - lse)
+        if ((target >= start) & (target < start + BLOCK_V)) | ((nll_target >= start) & (nll_target < start + BLOCK_V)):
+            grad = target_columns(grad, start + offs, target, nll_target, target_grad, nll_grad)
+        tl.store(row_ptr + start + offs, grad.to(out_dtype))
+    cols = tail + offs
+    in_row = cols < V
+    x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))  # exp(-inf) = 0: nothing overflows
+    grad = target_columns(neg_s * tl.exp(x.to(acc) - lse), cols, target, nll_target, target_grad, nll_grad)
+    tl.store(row_ptr + cols, grad.to(out_dtype), mask=in_row)
+
+
+# Chosen from the H200 launch sweeps in figures/data (notebooks/03-kernel-tuning.ipynb).
+GRADS_LAUNCH = RowLaunch(block_v=8192, num_warps=16)
+
+
+def row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef, *, nll_tokens: int, seq_len: int,
+              launch: RowLaunch = GRADS_LAUNCH) -> None:
+    """Launch ``row_grads_kernel``: every row of ``logits`` rewritten into dL/dlogits (``nll_tokens``: the NLL
+    term's normaliser; rows without an NLL target, -1, ignore it)."""
+    rows, vocab = rows_of(logits)
+    row_grads_kernel[(rows,)](
+        logits, logits.stride(0), target, nll_target, token, logp, nll_logp, lse, seq_coef, nll_tokens, seq_len, vocab,
+        BLOCK_V=block_v(vocab, launch), num_warps=launch.num_warps,
+    )

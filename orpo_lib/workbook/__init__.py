@@ -1,0 +1,15 @@
+"""The workbook and benchmark layer, above the loss: the notebooks' helpers and the GPU harness.
+
+The loss (``orpo_lib`` itself) never imports this package; everything here imports the loss.
+
+* ``bench`` — the benchmark harness (``python -m orpo_lib.workbook.bench``): every provider interleaved on
+  the same inputs, recorded as JSON with provenance in ``figures/data/``.
+* ``training_bench`` — end-to-end training steps of a small causal LM, fused against the baseline.
+* ``measurements`` — reading those records back: tables, ratios, captions.
+* ``memory`` — the analytic model of the bytes each implementation holds.
+* ``derivation`` — the numbers notebook 1 shows (gradients against float64, the stable log(1 - p)).
+* ``plots``, ``widgets`` — the figures and the ipywidgets views of the notebooks.
+* ``figures`` — rebuilds ``figures/`` from ``figures/data/`` (``make figures``).
+* ``notebooks`` — runs the notebooks headless with papermill (``make notebooks``).
+* ``record`` — the small JSON record a notebook writes, which the tests read.
+"""
