@@ -526,6 +526,7 @@ def parse_args(argv):
     parser.add_argument("--providers", default="floor,baseline,fused,fused_lean,liger")
     parser.add_argument("--before", default=None, metavar="FOLDER",
                         help="also measure the provider 'before': FOLDER/orpo_lib_before, an earlier copy of the package")
+    parser.add_argument("--before-commit", default=None, help="the commit that copy came from, for the record")
     parser.add_argument("--modes", default="full,forward,eval")
     parser.add_argument("--shapes", default=None, help="BxT,BxT,... (default: the seed workloads on CUDA)")
     parser.add_argument("--hidden", type=int, default=None)
@@ -617,6 +618,8 @@ def main(argv=None):
     masks = [m for m in args.masks.split(",") if m]
 
     record = {"provenance": provenance(device, "python -m orpo_lib.workbook.bench " + " ".join(argv), args.commit)}
+    if args.before:
+        record["provenance"]["before_commit"] = args.before_commit or "unknown"
     workloads = [Workload(b, t, hidden, vocab, dtype, mask) for mask in masks for (b, t) in shapes]
     record["results"] = run_workloads(workloads, providers, [m for m in args.modes.split(",") if m], device,
                                       warmup=warmup, reps=reps)

@@ -141,7 +141,7 @@ def test_before_measures_an_earlier_copy_of_the_package_beside_this_one(tmp_path
     try:
         record = bench.main(["--shapes", "2x8", "--hidden", "32", "--vocab", "101", "--reps", "2", "--warmup", "0",
                              "--providers", "fused", "--modes", "eval", "--before", str(tmp_path),
-                             "--out", str(tmp_path / "ab.json")])
+                             "--before-commit", "abc1234", "--out", str(tmp_path / "ab.json")])
         calls = len(sys.modules["orpo_lib_before.fused"].CALLS)
     finally:
         bench.PROVIDERS.pop("before", None)
@@ -150,4 +150,4 @@ def test_before_measures_an_earlier_copy_of_the_package_beside_this_one(tmp_path
     by_provider = {r["provider"]: r for r in record["results"]}
     assert set(by_provider) == {"fused", "before"} and all(r["status"] == "ok" for r in by_provider.values())
     assert calls == 1 + 2  # the call before the peak (not measured on the CPU), then the two timed repetitions
-    assert "--before" in record["provenance"]["command"]
+    assert "--before" in record["provenance"]["command"] and record["provenance"]["before_commit"] == "abc1234"
