@@ -506,18 +506,40 @@ def device_slug(device) -> str:
     return model.group(0).lower() if model else "gpu"
 
 
-def parse_shapes(text):
-    return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
+# Named workloads for --shapes, as BxT (at --hidden and --vocab) or BxTxHxV.
+SHAPE_PRESETS = {
+    # long-context preference tuning: one pair longer than any chunk
+    "long-context": "2x8192,2x16384,2x32768",
+    # the models most people fine-tune: small hidden sizes, small and large vocabularies
+    "small-models": ",".join(f"8x2048x{h}x{v}" for h in (1024, 2048) for v in (32000, 151936, 256000)),
+}
+
+
+def parse_shapes(text) -> list[tuple]:
+    """``BxT`` or ``BxTxHxV`` items, comma-separated, or the name of a preset in ``SHAPE_PRESETS``."""
+    items = [item for name in text.split(",") if name for item in SHAPE_PRESETS.get(name, name).split(",")]
+    shapes = [tuple(int(v) for v in item.split("x")) for item in items]
+    for item, shape in zip(items, shapes):
+        if len(shape) not in (2, 4):
+            raise ValueError(f"a shape is BxT or BxTxHxV (or one of {sorted(SHAPE_PRESETS)}), got {item!r}")
+    return shapes
+
+
+def _shape_key(r) -> tuple:
+    return r.batch, r.seq, r.hidden, r.vocab
 
 
 def format_table(results, floor_by_shape) -> str:
-    lines = [f"{'B×T':>8} {'mask':>11} {'provider':>11} {'mode':>7} {'median ms':>10} {'× floor':>8} {'over inputs GiB':>16} status"]
+    """One line per result; ``floor_by_shape`` maps (batch, seq, hidden, vocab, mode) to the floor's ms."""
+    lines = [f"{'B×T':>8} {'H':>5} {'V':>6} {'mask':>11} {'provider':>11} {'mode':>7} {'median ms':>10} {'× floor':>8} "
+             f"{'over inputs GiB':>16} status"]
     for r in results:
-        floor = floor_by_shape.get((r.batch, r.seq, r.mode))
+        floor = floor_by_shape.get((*_shape_key(r), r.mode))
         ratio = f"{r.median_ms / floor:.3f}" if floor and r.median_ms else "-"
         ms = f"{r.median_ms:.2f}" if r.median_ms else "-"
         mem = f"{r.peak_over_inputs_gib:.2f}" if r.peak_over_inputs_gib is not None else "-"
-        lines.append(f"{r.batch}×{r.seq:<5} {r.mask:>11} {r.provider:>11} {r.mode:>7} {ms:>10} {ratio:>8} {mem:>16} {r.status}")
+        lines.append(f"{r.batch}×{r.seq:<5} {r.hidden:>5} {r.vocab:>6} {r.mask:>11} {r.provider:>11} {r.mode:>7} {ms:>10} "
+                     f"{ratio:>8} {mem:>16} {r.status}")
     return "\n".join(lines)
 
 
@@ -591,10 +613,10 @@ def run_sweeps(sweeps, w: Workload, device, *, warmup, reps) -> dict:
 def summary_table(record) -> str:
     """The record's results as a table, each time also as a multiple of its floor (same shape and mode)."""
     results = [Result(**r) for r in record["results"]]
-    floor = {(r.batch, r.seq, r.mode): r.median_ms for r in results if r.provider == "floor" and r.mask == "none"}
+    floor = {(*_shape_key(r), r.mode): r.median_ms for r in results if r.provider == "floor" and r.mask == "none"}
     for r in results:  # the forward floor is the logits GEMM, measured in eval mode
         if r.provider == "floor" and r.mode == "eval":
-            floor[(r.batch, r.seq, "forward")] = r.median_ms
+            floor[(*_shape_key(r), "forward")] = r.median_ms
     return format_table(results, floor)
 
 
@@ -620,7 +642,8 @@ def main(argv=None):
     record = {"provenance": provenance(device, "python -m orpo_lib.workbook.bench " + " ".join(argv), args.commit)}
     if args.before:
         record["provenance"]["before_commit"] = args.before_commit or "unknown"
-    workloads = [Workload(b, t, hidden, vocab, dtype, mask) for mask in masks for (b, t) in shapes]
+    workloads = [Workload(*shape[:2], *(shape[2:] or (hidden, vocab)), dtype, mask)
+                 for mask in masks for shape in shapes]
     record["results"] = run_workloads(workloads, providers, [m for m in args.modes.split(",") if m], device,
                                       warmup=warmup, reps=reps)
     b, t = parse_shapes(args.sweep_shape or ("8x4096" if on_gpu else "4x32"))[0]

@@ -5,6 +5,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import orpo_lib
@@ -151,3 +152,15 @@ def test_before_measures_an_earlier_copy_of_the_package_beside_this_one(tmp_path
     assert set(by_provider) == {"fused", "before"} and all(r["status"] == "ok" for r in by_provider.values())
     assert calls == 1 + 2  # the call before the peak (not measured on the CPU), then the two timed repetitions
     assert "--before" in record["provenance"]["command"] and record["provenance"]["before_commit"] == "abc1234"
+
+
+def test_shapes_take_presets_and_per_workload_sizes(tmp_path):
+    assert bench.parse_shapes("2x8,4x16x32x101") == [(2, 8), (4, 16, 32, 101)]
+    assert bench.parse_shapes("long-context")[-1] == (2, 32768)
+    small = bench.parse_shapes("small-models")
+    assert {(h, v) for _, _, h, v in small} == {(h, v) for h in (1024, 2048) for v in (32000, 151936, 256000)}
+    with pytest.raises(ValueError, match="BxT or BxTxHxV"):
+        bench.parse_shapes("2x8x32")
+    record = bench.main(["--shapes", "2x8,2x8x16x67", "--hidden", "32", "--vocab", "101", "--reps", "1",
+                         "--warmup", "0", "--providers", "fused", "--modes", "eval", "--out", str(tmp_path / "r.json")])
+    assert [(r["hidden"], r["vocab"]) for r in record["results"]] == [(32, 101), (16, 67)]
