@@ -126,7 +126,9 @@ def floor_ratios(record: BenchRecord, *, mode: str, provider: str = "fused", mas
     rows = []
     for r in record.select(provider=provider, mode=mode, mask=mask):
         shape = {k: r[k] for k in ("batch", "seq", "hidden", "vocab")}
-        floor = record.select(provider="floor", mode=floor_mode(mode), mask="none", **shape)
+        # the floor's GEMMs do not read the labels: the unmasked floor, or the one run beside this mask
+        floor = (record.select(provider="floor", mode=floor_mode(mode), mask="none", **shape)
+                 or record.select(provider="floor", mode=floor_mode(mode), mask=mask, **shape))
         if floor:
             rows.append({**shape, "median_ms": r["median_ms"], "floor_ms": floor[0]["median_ms"],
                          "x_floor": r["median_ms"] / floor[0]["median_ms"]})
@@ -256,59 +258,11 @@ def sweep_shape(record: "BenchRecord", sweep: str) -> dict | None:
     return None
 
 
-def _anchor_results() -> list[dict]:
-    # (batch, seq, floor ms, baseline ms, Liger ms, baseline GiB, Liger GiB), full = forward + backward.
-    # Their baseline is the seed benchmark's TRL-style reference ("seed_baseline" here).
-    table = [
-        (2, 1024, 8.9, 14.2, 16.5, 3.4, 3.0),
-        (4, 1024, 18.3, 28.3, 27.9, 6.8, 3.0),
-        (8, 1024, 37.5, 56.9, 50.8, 13.7, 3.0),
-        (16, 1024, 76.8, 115.8, 100.4, 27.4, 3.1),
-        (2, 4096, 37.4, 56.5, 46.9, 13.7, 8.9),
-        (4, 4096, 76.2, 116.1, 90.8, 27.4, 8.9),
-        (8, 4096, 152.1, 238.3, 180.0, 54.8, 9.1),
-        (16, 4096, 304.0, 471.9, 364.9, 109.6, 9.3),
-    ]
-    shape = {"hidden": 4096, "vocab": 128256, "dtype": "bfloat16", "mode": "full", "status": "ok", "chunk_size": None, "mask": "none"}
-    results = []
-    for batch, seq, floor_ms, baseline_ms, liger_ms, baseline_gib, liger_gib in table:
-        for provider, ms, gib in (("floor", floor_ms, None), ("seed_baseline", baseline_ms, baseline_gib), ("liger", liger_ms, liger_gib)):
-            results.append({"provider": provider, "batch": batch, "seq": seq, "median_ms": ms, "peak_over_inputs_gib": gib, **shape})
-    return results
+# Side-by-side run on one H200 of the floor GEMMs, the seed benchmark's TRL-style baseline ("seed_baseline")
+# and Liger's ORPO loss; and the seed record, Liger's ORPO benchmark script on an A100, forward only.
+H200_ANCHORS = load_bench_record(DATA_DIR / "anchors-2026-12-02-h200.json")
+SEED_A100_FORWARD = load_bench_record(DATA_DIR / "anchors-2024-a100-forward.json")
 
-
-# Side-by-side run on one H200 (project notes, "Anchors measured side by side").
-H200_ANCHORS = BenchRecord(
-    provenance={
-        "gpu": "NVIDIA H200",
-        "torch": "2.11.0+cu130",
-        "triton": "3.6.0",
-        "liger": "0.8.5",
-        "date": "2026-12-02",
-        "commit": None,
-        "command": "side-by-side anchor run: floor GEMMs, TRL-style baseline, Liger ORPO",
-    },
-    results=_anchor_results(),
-    source="H200 anchors",
-)
-
-# The seed record: Liger's ORPO benchmark script on an A100 (2024), forward mode, T=1024,
-# H=4096, V=128256, bf16. Its Hugging Face provider is "seed_baseline" here.
-SEED_A100_FORWARD = BenchRecord(
-    provenance={
-        "gpu": "NVIDIA A100",
-        "date": "2024",
-        "commit": None,
-        "command": "Liger-Kernel benchmark_orpo_loss.py, forward mode",
-    },
-    results=[
-        {"provider": provider, "mode": "forward", "batch": batch, "seq": 1024, "hidden": 4096, "vocab": 128256,
-         "dtype": "bfloat16", "median_ms": ms, "peak_over_inputs_gib": None, "status": "ok", "chunk_size": None, "mask": "none"}
-        for provider, series in (("seed_baseline", (12.9, 25.6, 51.8, 103.9)), ("liger", (31.0, 60.9, 121.1, 244.4)))
-        for batch, ms in zip((2, 4, 8, 16), series)
-    ],
-    source="seed A100 record",
-)
 
 def format_table(rows: list[dict], columns: list[str], formats: dict | None = None) -> str:
     """A fixed-width text table (prints the same in a notebook, a terminal and a test log)."""
@@ -327,101 +281,63 @@ def format_table(rows: list[dict], columns: list[str], formats: dict | None = No
     return "\n".join(lines)
 
 
-def _shape_text(row: dict) -> str:
+def shape_text(row: dict) -> str:
     return f"{row['batch']}×{row['seq']}"
 
 
-def time_findings(record: BenchRecord, target: float = 1.05) -> list[str]:
-    """What the record says about time against the floor, as sentences with the numbers computed here."""
-    from . import memory
-
-    lines = []
-    full = floor_ratios(record, mode="full")
-    if full:
-        met = [_shape_text(r) for r in full if round(r["x_floor"], 2) <= target]
-        low, high = min(full, key=lambda r: r["x_floor"]), max(full, key=lambda r: r["x_floor"])
-        lines.append(f"Fused forward+backward: {low['x_floor']:.3f}× ({_shape_text(low)}) to {high['x_floor']:.3f}× ({_shape_text(high)}) "
-                     f"the three-GEMM floor over {len(full)} workloads; target ≤{target:.2f} met (at two decimals) only at "
-                     f"{', '.join(met) or 'none'}.")
-    no_grad = floor_ratios(record, mode="eval")
-    if no_grad:
-        met = [_shape_text(r) for r in no_grad if round(r["x_floor"], 2) <= target]
-        low, high = min(r["x_floor"] for r in no_grad), max(r["x_floor"] for r in no_grad)
-        tflops = floor_tflops(record)
-        hidden = no_grad[0]["hidden"]
-        share = logit_read_share(tflops, memory.H200_ROW_KERNEL_TBPS, hidden)
-        lines.append(f"Fused forward without gradients: {low:.3f}× to {high:.3f}× the logits GEMM; target ≤{target:.2f} met "
-                     f"(at two decimals) only at {', '.join(met) or 'none'}. At the GEMM's measured {tflops:.0f} TFLOP/s and "
-                     f"{memory.H200_ROW_KERNEL_TBPS} TB/s, the statistics pass (one 2-byte read per logit) costs "
-                     f"{100 * share:.1f}% of its 2·H={2 * hidden} FLOPs: a lower ratio means the chunked GEMMs ran faster "
-                     f"than the floor's single one.")
-    lean = floor_ratios(record, mode="full", provider="fused_lean")
-    if lean:
-        largest = max(lean, key=lambda r: r["batch"] * r["seq"])
-        (row,) = record.select(provider="fused_lean", mode="full", batch=largest["batch"], seq=largest["seq"], mask="none")
-        chunk = memory.chunking(largest["batch"], largest["seq"], memory.LEAN_CHUNK_ROWS, largest["vocab"])
-        blocks = chunk.count // (largest["batch"] // 2)
-        gemms = 3 + (blocks - 1) / blocks
-        lines.append(f"Lean (blocks of at most {memory.LEAN_CHUNK_ROWS} rows, two passes, dW in the weight dtype) at "
-                     f"{_shape_text(largest)}: {row['peak_over_inputs_gib']:.2f} GiB at {largest['x_floor']:.2f}× the floor "
-                     f"({blocks} blocks a pair, {blocks - 1} of them computed twice: {gemms:.2f} GEMMs, {gemms / 3:.2f}×, "
-                     f"plus the row passes and one dW accumulation per block).")
-    return lines
+def floor_ratio_summary(record: BenchRecord, target: float = 1.05) -> list[dict]:
+    """Per provider and mode, the range of the ratio to the floor over the record's workloads, and the
+    workloads within ``target`` at two decimals (mode "eval" is compared with the logits GEMM alone)."""
+    rows = []
+    for provider, mode in (("fused", "full"), ("fused", "eval"), ("fused_lean", "full")):
+        ratios = floor_ratios(record, mode=mode, provider=provider)
+        if not ratios:
+            continue
+        low, high = (f(ratios, key=lambda r: r["x_floor"]) for f in (min, max))
+        within = [shape_text(r) for r in ratios if round(r["x_floor"], 2) <= target]
+        rows.append({"provider": provider, "mode": mode, "workloads": len(ratios),
+                     "min_x_floor": low["x_floor"], "at_min": shape_text(low),
+                     "max_x_floor": high["x_floor"], "at_max": shape_text(high),
+                     f"within_{target:.2f}": ", ".join(within) or "none"})
+    return rows
 
 
-def memory_findings(record: BenchRecord) -> list[str]:
-    """Measured peaks of the fused loss against Liger's, as sentences with the numbers computed here."""
-    lines = []
-    pairs = []
+def peak_rows(record: BenchRecord) -> list[dict]:
+    """Per forward+backward workload with every token counted: the measured peaks over the inputs."""
+    rows = []
     for fused in record.select(provider="fused", mode="full", mask="none"):
         shape = {k: fused[k] for k in ("batch", "seq", "hidden", "vocab")}
-        liger = record.select(provider="liger", mode="full", mask="none", **shape)
-        if liger and fused.get("peak_over_inputs_gib") and liger[0].get("peak_over_inputs_gib"):
-            pairs.append((fused, liger[0]))
-    if not pairs:
-        return lines
-    fused, liger = max(pairs, key=lambda p: p[0]["batch"] * p[0]["seq"])
-    lines.append(f"At {_shape_text(fused)} the fused loss peaks at {fused['peak_over_inputs_gib']:.2f} GiB over the inputs, "
-                 f"Liger at {liger['peak_over_inputs_gib']:.2f} GiB.")
-    for seq in sorted({f["seq"] for f, _ in pairs}):
-        ratios = [f["peak_over_inputs_gib"] / l["peak_over_inputs_gib"] for f, l in pairs if f["seq"] == seq]
-        lines.append(f"T={seq}: fused/Liger peak {min(ratios):.2f}–{max(ratios):.2f}× (the fused loss keeps dW in fp32 across chunks).")
-    return lines
+        peaks = {p: found[0].get("peak_over_inputs_gib")
+                 for p in ("fused_lean", "liger") if (found := record.select(provider=p, mode="full", mask="none", **shape))}
+        liger = peaks.get("liger")
+        rows.append({**shape, "fused_gib": fused["peak_over_inputs_gib"], "fused_lean_gib": peaks.get("fused_lean"),
+                     "liger_gib": liger, "fused_over_liger": fused["peak_over_inputs_gib"] / liger if liger else None})
+    return sorted(rows, key=lambda r: (r["seq"], r["batch"]))
 
 
-def kernel_findings(record: BenchRecord) -> list[str]:
-    """Row kernel bandwidth, the cost of fp32 dW accumulation and the per-call overhead, from the sweeps."""
-    from . import memory
-
-    lines = []
+def kernel_rows(record: BenchRecord) -> list[dict]:
+    """What the sweeps say about the row kernels, the fp32 dW accumulation and the small per-call ops."""
+    rows = []
     for kernel in ("stats", "grads"):
-        best = best_row_kernel(record, kernel)
-        if best:
-            lines.append(f"Row kernel, {kernel}: best {best['gbps'] / 1e3:.2f} TB/s (BLOCK_V={best['block_v']}, "
-                         f"num_warps={best['num_warps']}); the roofline assumes {memory.H200_ROW_KERNEL_TBPS} TB/s.")
+        if best := best_row_kernel(record, kernel):
+            rows.append({"quantity": f"row kernel '{kernel}', best bandwidth", "value": best["gbps"] / 1e3, "unit": "TB/s",
+                         "setting": f"BLOCK_V={best['block_v']}, num_warps={best['num_warps']}"})
     fp32, dtype = stage_ms(record, "dW GEMM (fp32 accumulate)"), stage_ms(record, "dW GEMM (weight dtype out)")
     if fp32 and dtype:
-        rows = (record.sweeps.get("stages") or [{}])[0].get("chunk_rows")
-        lines.append(f"dW accumulated in fp32 across chunks costs {fp32 - dtype:.2f} ms per {rows}-row chunk over a dW GEMM "
-                     f"that writes the weight dtype ({fp32:.2f} vs {dtype:.2f} ms).")
-    profile = record.sweeps.get("profile") or []
-    if profile:
-        kinds = {k["kind"]: k for k in profile_summary(profile)}
-        small = kinds.get("small torch ops")
-        if small:
-            lines.append(f"One profiled fused forward+backward launches at least {small['calls']} small torch kernels "
-                         f"({small['kernels']} kinds, {small['device_ms']:.2f} ms of device time, {small['share_pct']:.1f}%): "
-                         f"with the validation sync, a fixed per-call cost that weighs most at small shapes.")
-    return lines
+        chunk = (record.sweeps.get("stages") or [{}])[0].get("chunk_rows")
+        rows.append({"quantity": "fp32 dW accumulation over a weight-dtype dW GEMM", "value": fp32 - dtype, "unit": "ms",
+                     "setting": f"per {chunk}-row chunk"})
+    kinds = {k["kind"]: k for k in profile_summary(record.sweeps.get("profile") or [])}
+    if small := kinds.get("small torch ops"):
+        rows.append({"quantity": "small torch kernels in one forward+backward", "value": small["device_ms"], "unit": "ms",
+                     "setting": f"{small['calls']} launches of {small['kernels']} kinds, {small['share_pct']:.1f}% of device time"})
+    return rows
 
 
-def mask_findings(record: BenchRecord) -> list[str]:
-    """Time with the prompt half ignored, over the unmasked floor of the same run and workload."""
-    rows = mask_rows(record)
-    lines = []
-    for batch, seq in sorted({(r["batch"], r["seq"]) for r in rows}):
-        masked = {r["provider"]: r["x_unmasked_floor"] for r in rows if (r["batch"], r["seq"]) == (batch, seq) and r["mask"] != "none"}
-        if "fused" in masked:
-            others = ", ".join(f"{p} {masked[p]:.2f}×" for p in ("baseline", "liger") if p in masked)
-            lines.append(f"{batch}×{seq}, prompt half ignored: fused {masked['fused']:.2f}× the unmasked floor; {others}.")
-    return lines
+def mask_summary(record: BenchRecord) -> list[dict]:
+    """Per workload and mask other than "none": each provider's time over the unmasked floor of the same run."""
+    table: dict = {}
+    for r in mask_rows(record, providers=("fused", "baseline", "liger")):
+        if r["mask"] != "none":
+            table.setdefault((r["batch"], r["seq"], r["mask"]), {})[f"{r['provider']}_x_unmasked_floor"] = r["x_unmasked_floor"]
+    return [{"batch": b, "seq": t, "mask": m, **ratios} for (b, t, m), ratios in sorted(table.items())]

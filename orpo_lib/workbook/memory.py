@@ -109,11 +109,11 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
         ]
     dw_accumulator = vocab * hidden * (FP32_BYTES if dw_fp32 else dtype_bytes)
     common = {"dw_accumulator": dw_accumulator, "dx": dx, "token_state": token_state}
-    phases = [("chunk dX GEMM", {**dx_gemm, **common}), ("chunk dW GEMM", {**dw_operand, **common})]
-    if dw_fp32:
-        # The chunk buffer is freed before the fp32 accumulator is cast to the weight dtype.
-        phases.append(("dW cast", {"dw_accumulator": dw_accumulator, "dw": dw, "dx": dx, "token_state": token_state}))
-    return phases
+    # Backward scales the saved sums into new tensors and leaves the sums as they are (a retained graph
+    # can run backward again), so dX and dW exist twice until autograd releases the saved ones.
+    backward = {"dw_accumulator": dw_accumulator, "dw": dw, "dx": dx, "dx_grad": dx}
+    return [("chunk dX GEMM", {**dx_gemm, **common}), ("chunk dW GEMM", {**dw_operand, **common}),
+            ("backward", backward)]
 
 
 def _baseline_phases(batch, seq, hidden, vocab, dtype_bytes, with_grad):
@@ -225,11 +225,6 @@ def peak_phase(impl: str, batch: int, seq: int, hidden: int, vocab: int, dtype_b
 def peak_gib(impl: str, batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2, **options) -> float:
     """Total peak over the inputs in GiB."""
     return sum(peak_bytes(impl, batch, seq, hidden, vocab, dtype_bytes, **options).values()) / GIB
-
-
-def input_bytes(batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2) -> int:
-    """What is allocated before the call: hidden, weight, target and nll_target (int64)."""
-    return batch * seq * hidden * dtype_bytes + vocab * hidden * dtype_bytes + 2 * batch * seq * 8
 
 
 def stage_costs(

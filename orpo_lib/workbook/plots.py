@@ -24,7 +24,7 @@ STYLE = {
     "baseline": {"color": "tab:red", "label": "baseline (orpo_lib, fp32 logits)", "marker": "o"},
     "liger": {"color": "tab:orange", "label": "Liger ORPO", "marker": "^"},
     "fused": {"color": "tab:blue", "label": "fused (default chunks)", "marker": "D"},
-    "fused_lean": {"color": "tab:cyan", "label": "fused, lean (1024-row chunks)", "marker": "P"},
+    "fused_lean": {"color": "tab:cyan", "label": f"fused, lean (at most {memory.LEAN_CHUNK_ROWS}-row blocks, dW in the weight dtype)", "marker": "P"},
 }
 UNMASKED = {"mask": "none"}  # benchmark rows where every token counts (the anchors' setting)
 MODEL_NOTE = "Model: orpo_lib.workbook.memory (counted tensor sizes)"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import orpo_lib
-from orpo_lib.workbook import bench
+from orpo_lib.workbook import bench, measurements
 
 
 def test_harness_records_every_provider_and_mode(tmp_path):
@@ -164,3 +164,22 @@ def test_shapes_take_presets_and_per_workload_sizes(tmp_path):
     record = bench.main(["--shapes", "2x8,2x8x16x67", "--hidden", "32", "--vocab", "101", "--reps", "1",
                          "--warmup", "0", "--providers", "fused", "--modes", "eval", "--out", str(tmp_path / "r.json")])
     assert [(r["hidden"], r["vocab"]) for r in record["results"]] == [(32, 101), (16, 67)]
+
+
+def test_trl_labels_and_their_floor(tmp_path):
+    """TRL's batches: the odds ratio on the response, the NLL on the same ids with the prompt; a run of
+    only this mask still gets its ratios to the floor, whose GEMMs do not read labels."""
+    w = bench.Workload(2, 16, 32, 101, "fp32", mask="trl")
+    _, _, target, nll_target = bench.make_inputs(w, torch.device("cpu"))
+    assert (target[:, :4] == -100).all() and (target[:, 4:] >= 0).all()
+    assert torch.equal(nll_target[:, 4:], target[:, 4:]) and (nll_target[:, :4] >= 0).all()
+    record = bench.main(["--shapes", "2x8", "--hidden", "32", "--vocab", "101", "--reps", "1", "--warmup", "0",
+                         "--providers", "floor,fused", "--modes", "full", "--masks", "trl",
+                         "--out", str(tmp_path / "trl.json")])
+    (ratio,) = measurements.floor_ratios(measurements.BenchRecord(record["provenance"], record["results"]),
+                                         mode="full", mask="trl")
+    (fused,) = [r for r in record["results"] if r["provider"] == "fused"]
+    (floor,) = [r for r in record["results"] if r["provider"] == "floor"]
+    assert fused["mask"] == floor["mask"] == "trl"
+    assert ratio["x_floor"] == fused["median_ms"] / floor["median_ms"]
+    assert f"{ratio['x_floor']:.3f}" in bench.summary_table(record)

@@ -56,7 +56,7 @@ def test_model_figures_carry_model_and_measurement_provenance(tmp_path):
     figures.build_figures(empty, tmp_path / "out")
     svg = (tmp_path / "out" / "memory-vs-batch-T4096.svg").read_text()
     assert "orpo_lib.workbook.memory" in svg
-    assert "NVIDIA H200" in svg and "2026-12-02" in svg and "H200 anchors" in svg
+    assert "NVIDIA H200" in svg and "2026-12-02" in svg and "anchors-2026-12-02-h200.json" in svg
 
 
 def test_committed_data_gives_every_figure_with_short_captions(tmp_path):
@@ -70,7 +70,9 @@ def test_committed_data_gives_every_figure_with_short_captions(tmp_path):
         if path.suffix == ".svg":
             text = path.read_text()
             assert "python -m orpo_lib.workbook.bench" not in text and "--sweep" not in text, path.name
-    assert "commit 27249d8 (bench-2026-12-03-h200-t1024.json" in (tmp_path / "out" / "batch-scaling-full-T4096.svg").read_text()
+    record = measurements.latest_bench_record()
+    caption = f"commit {record.provenance['commit'][:7]} ({record.source.split(', ')[0]}"
+    assert caption in (tmp_path / "out" / "batch-scaling-full-T4096.svg").read_text()
     assert "B=8, T=4096" in (tmp_path / "out" / "chunk-pareto.svg").read_text()
     assert "mask-2026-12-03-h200.json" in (tmp_path / "out" / "mask-prompt-half.svg").read_text()
 
