@@ -13,6 +13,14 @@ How one block of C token rows is processed (G is dL/dlogits, P the softmax, X th
 5. ``dX = G @ W`` and ``dW += G.T @ X``: the GEMMs see the gradient exactly as the materialising
    baseline would, rounded once to the input dtype.
 
+A pair longer than a chunk is split into blocks (``schedule.plan_passes`` decides how). In one pass,
+where every token's NLL id is its target id (or there is no NLL term), G = c·U on each sequence's rows,
+with U = d log p(y) / dlogits = onehot(y) - P and one coefficient c per sequence (a, plus b on the
+chosen one). Each block then goes through steps 1, 2 and 4 with c = 1, and its GEMMs at once, into
+``PairSums``: Q = U·W in float32 for its rows and, per sequence, Σ Uᵀ·X and Σ U. At the pair's end step
+3 gives the two coefficients, and dX = c·Q (rounded once), dW += c_c·Σ_c + c_r·Σ_r. Otherwise the pair
+takes two passes: steps 1 and 2 for every block, then 3, then each block's logits again for 4 and 5.
+
 ``forward`` returns the loss terms and what backward needs. With several blocks, that is the unscaled
 sums dX, dW and dbias, which ``backward`` multiplies by the upstream gradient into new tensors. With one
 block it is G itself: backward runs step 5 with the upstream gradient as the GEMMs' scale factor, so
@@ -99,7 +107,7 @@ def make_plan(hidden, vocab: int, counts: TokenCounts, opts: Options) -> Plan:
         rows = opts.chunk_size or schedule.auto_chunk_rows(max(pair_rows), kept_rows, vocab, hidden.element_size(),
                                                            hidden.device, extra)
         if opts.needs_grad:
-            groups = schedule.plan_chunks(pair_rows, rows)
+            groups = gradient_groups(hidden, vocab, counts, opts, pair_rows, rows)
         else:  # statistics need no whole pairs
             groups = [schedule.ChunkGroup(0, 0, [(r, min(r + rows, kept_rows))]) for r in range(0, kept_rows, rows)]
     dropped = kept_rows < tokens
@@ -114,6 +122,21 @@ def make_plan(hidden, vocab: int, counts: TokenCounts, opts: Options) -> Plan:
         kept = counts.kept_mask.view(-1)[order].to(torch.uint8)  # (CUDA sorts bool only since torch 2.6)
         order = order[torch.argsort(kept, descending=True, stable=True)[:kept_rows]]
     return Plan(groups, order, dropped, buffer_rows)
+
+
+def gradient_groups(hidden, vocab: int, counts: TokenCounts, opts: Options, pair_rows: list, chunk_rows: int) -> list:
+    """Whole pairs in chunks of ``chunk_rows``; a pair longer than that in one pass where it can, else in two."""
+    size = hidden.shape[2]
+    sum_itemsize = dw_sum_dtype(hidden.dtype, opts.fp32_weight_grad).itemsize
+    pair_bytes = [schedule.one_pass_bytes(rows, size, vocab, sum_itemsize=sum_itemsize,
+                                          stats_itemsize=stats_dtype(hidden.dtype).itemsize,
+                                          grad_hidden=opts.grad_hidden, grad_weight=opts.grad_weight,
+                                          grad_bias=opts.grad_bias) for rows in pair_rows]
+    one_pass = schedule.choose_one_pass(schedule.eligible_pairs(counts.nll_mismatches), pair_bytes,
+                                        schedule.one_pass_budget(hidden.device))
+    chosen_rows = counts.kept_per_seq[: len(pair_rows)]  # a pair's chosen rows come first in either row order
+    return schedule.plan_passes(schedule.plan_chunks(pair_rows, chunk_rows), chosen_rows, one_pass,
+                                schedule.one_pass_block_rows(opts.chunk_size, chunk_rows))
 
 
 # ---- per-token statistics -----------------------------------------------------------------------
@@ -242,6 +265,164 @@ def accumulate_mm(acc, a, b):
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
+def mm_into(out, a, b):
+    """out = a @ b, the products summed in float32 (or out's dtype) and rounded once to out's dtype."""
+    if a.dtype == out.dtype:
+        torch.mm(a, b, out=out)
+    elif a.is_cuda:
+        torch.mm(a, b, out_dtype=out.dtype, out=out)
+    else:
+        torch.mm(a.to(out.dtype), b.to(out.dtype), out=out)
+
+
+# ---- the steps of one call ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Call:
+    """What every step of one call reads: the inputs, the plan, the logits buffer and the per-token outputs."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    counts: TokenCounts
+    opts: Options
+    plan: Plan
+    buffer: torch.Tensor  # (buffer_rows, V)
+    stats: TokenStats
+    row_tokens: torch.Tensor  # (kept,) flattened token index of each row, in either row order
+
+    @property
+    def nll_tokens(self) -> int:
+        return max(self.counts.nll_tokens, 1)  # without the NLL term no row has an NLL target
+
+    @property
+    def seq(self) -> int:
+        return self.hidden.shape[1]
+
+
+def new_call(hidden, weight, bias, counts: TokenCounts, opts: Options, plan: Plan, buffer) -> Call:
+    batch, seq, _ = hidden.shape
+    stats = new_token_stats(batch, seq, stats_dtype(hidden.dtype), hidden.device)
+    row_tokens = torch.arange(batch * seq, device=hidden.device) if plan.token_order else plan.row_tokens
+    return Call(hidden, weight, bias, counts, opts, plan, buffer, stats, row_tokens)
+
+
+def block_at(call: Call, span, ready: Block | None) -> Block:
+    """The block of rows ``span``: ``ready`` if it is that one (its logits already in the buffer), else a new one."""
+    if ready is not None and ready.span == span:
+        return ready
+    x, logits = block_logits(call.plan, span, call.buffer, call.hidden, call.weight, call.bias)
+    return make_block(span, x, logits, call.row_tokens, call.counts, call.plan.token_order)
+
+
+def group_pair_terms(call: Call, group) -> None:
+    pair_terms(call.stats, call.counts, group.first_pair, group.end_pair, call.seq, call.opts.beta)
+
+
+def statistics_only(call: Call, group, ready: Block | None) -> None:
+    """No gradients: the row statistics of each block."""
+    for span in group.blocks:
+        row_stats(block_at(call, span, ready), call.stats)
+
+
+def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) -> None:
+    """Whole pairs in one block, or one pair in two passes: statistics of every block, then the pair terms,
+    then each block's gradient (``sums`` None: a single block, whose GEMMs wait for backward)."""
+    for span in group.blocks:
+        block = block_at(call, span, ready)
+        row_stats(block, call.stats)
+    group_pair_terms(call, group)
+    # The buffer still holds the last block's logits: take the blocks last to first, so that only the
+    # others have their logits computed again.
+    for span in reversed(group.blocks):
+        block = block_at(call, span, block)
+        row_grads(block, call.stats, call.nll_tokens, call.seq)
+        if sums is not None:
+            add_block_grads(sums, block, call.weight, call.plan.token_order)
+
+
+# ---- a pair in one pass -------------------------------------------------------------------------
+
+@dataclass
+class PairSums:
+    """The gradient GEMMs of a pair in one pass, before its two coefficients (None: not needed)."""
+
+    dx_rows: torch.Tensor | None  # (pair rows, H) U·W of each row, in the statistics dtype
+    dw: list  # [chosen, rejected] (V, H) Σ Uᵀ·X in the dW sum dtype, each made by its sequence's first block
+    db: torch.Tensor | None  # (2, V) Σ U of the chosen and of the rejected sequence
+
+
+def new_pair_sums(call: Call, group, sums: GradSums) -> PairSums:
+    start, end = group.blocks[0][0], group.blocks[-1][1]
+    dtype, device = call.stats.lse.dtype, call.hidden.device
+    dx_rows = torch.empty(end - start, call.hidden.shape[2], device=device, dtype=dtype) if sums.dx is not None else None
+    db = torch.zeros(2, call.weight.shape[0], device=device, dtype=dtype) if sums.db is not None else None
+    return PairSums(dx_rows, [None, None], db)
+
+
+def one_pass(call: Call, group, sums: GradSums, ready: Block | None) -> None:
+    """One pair, each block once: its rows become U = d log p(y) / dlogits, whose GEMMs add to the pair's
+    sums at once; the pair's coefficients, known after its last block, then scale the sums into ``sums``."""
+    pair = new_pair_sums(call, group, sums)
+    for span in group.blocks:
+        block = block_at(call, span, ready)
+        row_stats(block, call.stats)
+        kernels.row_logp_grads(block.logits, block.target, block.tokens, call.stats.logp, call.stats.lse)
+        add_to_pair_sums(pair, block, group, call.weight, sums.dw_dtype)
+    group_pair_terms(call, group)
+    add_pair_sums(sums, pair, pair_scales(call, group.first_pair), call, group)
+
+
+def add_to_pair_sums(pair: PairSums, block: Block, group, weight, dw_dtype) -> None:
+    """A block's GEMMs on U, into its rows of Q and its sequence's sums (no block straddles the two)."""
+    grad, side = block.logits, int(block.span[0] >= group.rejected_start)
+    if pair.dx_rows is not None:
+        first = group.blocks[0][0]
+        mm_into(pair.dx_rows[block.span[0] - first:block.span[1] - first], grad, weight)
+    if dw_dtype is not None:
+        if pair.dw[side] is None:
+            pair.dw[side] = _mm(grad.t(), block.x, dw_dtype)
+        else:
+            accumulate_mm(pair.dw[side], grad.t(), block.x)
+    if pair.db is not None:
+        pair.db[side] += grad.sum(0, dtype=pair.db.dtype)
+
+
+def pair_scales(call: Call, pair: int) -> torch.Tensor:
+    """(2,) the coefficient c of the pair's chosen and rejected sequence, so that G = c·U on their rows: the
+    odds ratio's dL/dlogp, plus the NLL term's -1/N on the chosen rows."""
+    pairs = call.hidden.shape[0] // 2
+    scales = call.stats.seq_coef[pair::pairs].clone()  # sequences pair and pair + pairs: a view, no index to copy
+    if call.opts.compute_nll_loss:
+        scales[0] -= 1.0 / call.nll_tokens
+    return scales
+
+
+def add_pair_sums(sums: GradSums, pair: PairSums, scales, call: Call, group) -> None:
+    """dX rows = c·Q, dW += c_c·Σ_c + c_r·Σ_r, dbias += c_c·Σ_c + c_r·Σ_r."""
+    if sums.dx is not None:
+        add_pair_dx(sums.dx, pair.dx_rows, scales, call, group)
+    if sums.dw_dtype is not None:
+        chosen, rejected = pair.dw
+        if sums.dw is None:  # the first dW sum of the call takes the place of the chosen sequence's
+            sums.dw = kernels.pair_sum(chosen, rejected, scales, out=chosen, accumulate=False)
+        else:
+            kernels.pair_sum(chosen, rejected, scales, out=sums.dw, accumulate=True)
+    if sums.db is not None:
+        sums.db += scales @ pair.db
+
+
+def add_pair_dx(dx, dx_rows, scales, call: Call, group) -> None:
+    """Each row of Q times its sequence's coefficient, rounded once into dX's dtype and rows."""
+    start, end = group.blocks[0][0], group.blocks[-1][1]
+    chosen = group.rejected_start - start
+    out = dx[start:end] if call.plan.token_order else dx.new_empty(end - start, dx.shape[1])
+    kernels.scale(dx_rows[:chosen], scales[0], out=out[:chosen])
+    kernels.scale(dx_rows[chosen:], scales[1], out=out[chosen:])
+    if not call.plan.token_order:
+        dx.index_copy_(0, call.row_tokens[start:end], out)
+
+
 # ---- forward and backward -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -260,37 +441,27 @@ class Forward:
 
 
 def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward:
-    batch, seq, _ = hidden.shape
     plan = make_plan(hidden, weight.shape[0], counts, opts)
     buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
-    nll_tokens = max(counts.nll_tokens, 1)  # without the NLL term no row has an NLL target
-    stats = sums = row_tokens = block = None
+    first_span = plan.groups[0].blocks[0]
+    x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
+    # the first GEMM is queued: the GPU is busy while the host finishes the setup
+    call = new_call(hidden, weight, bias, counts, opts, plan, buffer)
+    sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
+    ready = make_block(first_span, x, logits, call.row_tokens, counts, plan.token_order)
     for group in plan.groups:
-        for span in group.blocks:
-            x, logits = block_logits(plan, span, buffer, hidden, weight, bias)
-            if stats is None:  # the first GEMM is queued: the GPU is busy while the host finishes the setup
-                stats = new_token_stats(batch, seq, stats_dtype(hidden.dtype), hidden.device)
-                row_tokens = torch.arange(batch * seq, device=hidden.device) if plan.token_order else plan.row_tokens
-                sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
-            block = make_block(span, x, logits, row_tokens, counts, plan.token_order)
-            row_stats(block, stats)
         if not opts.needs_grad:
-            continue
-        pair_terms(stats, counts, group.first_pair, group.end_pair, seq, opts.beta)
-        # The buffer still holds the last block's logits: take the blocks last to first, so that
-        # only the others (in a two-pass group) have their logits computed again.
-        for i, span in enumerate(reversed(group.blocks)):
-            if i > 0:
-                x, logits = block_logits(plan, span, buffer, hidden, weight, bias)
-                block = make_block(span, x, logits, row_tokens, counts, plan.token_order)
-            row_grads(block, stats, nll_tokens, seq)
-            if sums is not None:
-                add_block_grads(sums, block, weight, plan.token_order)
+            statistics_only(call, group, ready)
+        elif group.one_pass:
+            one_pass(call, group, sums, ready)
+        else:
+            two_passes(call, group, sums, ready)
+        ready = None
     if not opts.needs_grad:  # with gradients, the chunk groups computed them pair by pair
-        pair_terms(stats, counts, 0, batch // 2, seq, opts.beta)
-    terms = loss_terms(stats, counts, hidden, weight, bias, plan, opts.compute_nll_loss)
-    if opts.single_block:
-        return Forward(*terms, logit_grads=block.logits, row_tokens=plan.row_tokens)
+        pair_terms(call.stats, counts, 0, hidden.shape[0] // 2, hidden.shape[1], opts.beta)
+    terms = loss_terms(call.stats, counts, hidden, weight, bias, plan, opts.compute_nll_loss)
+    if opts.single_block:  # the single block fills the buffer
+        return Forward(*terms, logit_grads=buffer, row_tokens=plan.row_tokens)
     return Forward(*terms, sums=sums)
 
 

@@ -1,10 +1,19 @@
 """The chunk schedule: which token rows go together through the logits buffer, decided before any GEMM.
 
-Pure functions of shapes, options and the per-sequence token counts. ``plan_chunks`` packs whole
-(chosen, rejected) pairs into chunks, because a token's gradient depends on its pair; a pair longer
-than a chunk is split into equal blocks and takes two passes (statistics of every block, then each
-block's logits again for its gradient). ``single_block`` decides from shapes alone whether every row
-fits in one block, whose gradient GEMMs then wait for backward.
+Pure functions of shapes, options and the per-sequence token counts (the free-memory caps aside).
+``plan_chunks`` packs whole (chosen, rejected) pairs into chunks, because a token's gradient depends on
+its pair; a pair longer than a chunk is split into blocks, and ``plan_passes`` decides how it is done:
+
+* one pass, where the pair's gradient of the logits is one coefficient per sequence times
+  d log p(y) / dlogits (``eligible_pairs``) and the per-sequence sums fit the memory budget
+  (``one_pass_bytes``, ``one_pass_budget``): each block's logits are computed once, its gradient GEMMs
+  accumulate per sequence, and the pair's two coefficients scale the sums at its end. Its blocks (at
+  most ``one_pass_block_rows``) never straddle the chosen/rejected boundary.
+* two passes otherwise (an NLL target that differs from the target, or too little memory): statistics
+  of every block, then each block's logits again for its gradient, in blocks as large as the chunk.
+
+``single_block`` decides from shapes alone whether every row fits in one block, whose gradient GEMMs
+then wait for backward.
 """
 
 from dataclasses import dataclass
@@ -16,15 +25,25 @@ import torch
 DEFAULT_CHUNK_ROWS = 4096
 # The most bytes of logits the automatic choice lets exist at once.
 LOGITS_BUDGET_BYTES = 8 << 30
+# Rows per block of a one-pass pair under the automatic chunk size: enough for every GEMM to run at full
+# rate; a larger block would only make the buffer larger, as no block's logits are computed twice.
+ONE_PASS_BLOCK_ROWS = 8192
+# The most bytes a one-pass pair's sums may take (within a quarter of free memory on a GPU).
+ONE_PASS_BUDGET_BYTES = 16 << 30
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChunkGroup:
     """Whole pairs [first_pair, end_pair) whose rows [blocks[0][0], blocks[-1][1]) are processed together."""
 
     first_pair: int
     end_pair: int
-    blocks: list  # (start_row, end_row) ranges of at most chunk_rows rows; more than one → two passes
+    blocks: list  # (start_row, end_row) ranges; more than one: a single pair, in one pass or two
+    rejected_start: int | None = None  # one pass: the rejected sequence's first row; None: one block or two passes
+
+    @property
+    def one_pass(self) -> bool:
+        return self.rejected_start is not None
 
 
 def plan_chunks(pair_rows: list, chunk_rows: int) -> list:
@@ -36,14 +55,78 @@ def plan_chunks(pair_rows: list, chunk_rows: int) -> list:
             groups.append(ChunkGroup(first_pair, pair, [(first_row, row)]))
             first_pair, first_row = pair, row
         row += rows
-        if row - first_row > chunk_rows:  # this pair alone: blocks of equal size, none a small remainder
-            block_rows = -(-(row - first_row) // -(-(row - first_row) // chunk_rows))
-            blocks = [(r, min(r + block_rows, row)) for r in range(first_row, row, block_rows)]
-            groups.append(ChunkGroup(first_pair, pair + 1, blocks))
+        if row - first_row > chunk_rows:  # this pair alone, in blocks
+            groups.append(ChunkGroup(first_pair, pair + 1, split_rows(first_row, row, chunk_rows)))
             first_pair, first_row = pair + 1, row
     if row > first_row:
         groups.append(ChunkGroup(first_pair, len(pair_rows), [(first_row, row)]))
     return groups
+
+
+def split_rows(start: int, end: int, max_rows: int) -> list:
+    """Rows [start, end) in the fewest blocks of at most ``max_rows`` rows, all of (nearly) the same size, so
+    that none is a small remainder."""
+    block_rows = -(-(end - start) // -(-(end - start) // max_rows))
+    return [(r, min(r + block_rows, end)) for r in range(start, end, block_rows)]
+
+
+def eligible_pairs(nll_mismatches: list) -> list:
+    """Which pairs can take one pass: those whose chosen rows have no token whose NLL id differs from its
+    target id (``nll_mismatches``, per sequence, from the label check; 0 without the NLL term).
+
+    Then G = a·m·(onehot(y) - P) + b·n·(onehot(y) - P) with n = m on the chosen rows and n = 0 on the
+    rejected ones: one coefficient per sequence (a + b, or a) times d log p(y) / dlogits.
+    """
+    pairs = len(nll_mismatches) // 2
+    return [mismatches == 0 for mismatches in nll_mismatches[:pairs]]
+
+
+def one_pass_bytes(pair_rows: int, hidden_size: int, vocab: int, *, sum_itemsize: int, stats_itemsize: int,
+                   grad_hidden: bool, grad_weight: bool, grad_bias: bool) -> int:
+    """What a pair in one pass holds beyond the logits buffer until its end: per sequence a V×H dW sum (in
+    the dW sum's dtype) and a V dbias sum, and the (pair_rows, H) dX rows before their coefficient (in the
+    statistics dtype, so that each dX element is rounded once)."""
+    return (grad_weight * 2 * vocab * hidden_size * sum_itemsize + grad_bias * 2 * vocab * stats_itemsize
+            + grad_hidden * pair_rows * hidden_size * stats_itemsize)
+
+
+def one_pass_budget(device: torch.device) -> int:
+    """``ONE_PASS_BUDGET_BYTES``, within a quarter of free memory on a GPU (as ``auto_chunk_rows``)."""
+    return memory_cap(ONE_PASS_BUDGET_BYTES, device)
+
+
+def memory_cap(budget: int, device: torch.device) -> int:
+    """``budget``, or a quarter of the free memory if less on a GPU."""
+    if device.type == "cuda":
+        return min(budget, torch.cuda.mem_get_info(device)[0] // 4)
+    return budget
+
+
+def choose_one_pass(eligible: list, pair_bytes: list, budget: int) -> list:
+    """Per pair: one pass if eligible and its sums (``one_pass_bytes``) fit the budget; else two passes."""
+    return [ok and extra <= budget for ok, extra in zip(eligible, pair_bytes)]
+
+
+def one_pass_block_rows(chunk_size, chunk_rows: int) -> int:
+    """Rows per block of a pair in one pass: the chunk size given, or at most ``ONE_PASS_BLOCK_ROWS``."""
+    return chunk_size or min(chunk_rows, ONE_PASS_BLOCK_ROWS)
+
+
+def plan_passes(groups: list, chosen_rows: list, one_pass: list, block_rows: int) -> list:
+    """``plan_chunks``'s groups, each split pair that may take one pass (``one_pass``, per pair) planned again
+    as one: each sequence's rows in blocks of at most ``block_rows``. ``chosen_rows``: rows of each chosen
+    sequence, which come first among its pair's rows."""
+    return [one_pass_group(g, chosen_rows[g.first_pair], block_rows) if len(g.blocks) > 1 and one_pass[g.first_pair]
+            else g for g in groups]
+
+
+def one_pass_group(group: ChunkGroup, chosen_rows: int, block_rows: int) -> ChunkGroup:
+    """The split pair of ``group`` in one pass: no block straddles the chosen/rejected boundary, so that each
+    block's GEMMs add to one sequence's sums."""
+    start, end = group.blocks[0][0], group.blocks[-1][1]
+    boundary = start + chosen_rows
+    blocks = split_rows(start, boundary, block_rows) + split_rows(boundary, end, block_rows)
+    return ChunkGroup(group.first_pair, group.end_pair, blocks, rejected_start=boundary)
 
 
 def auto_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsize: int, device: torch.device,
@@ -54,9 +137,7 @@ def auto_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsiz
     rows of logits; when every row fits in a chunk plus that many, they go in one block instead, which
     needs no more memory and skips the accumulation and the final conversion.
     """
-    budget = LOGITS_BUDGET_BYTES
-    if device.type == "cuda":
-        budget = min(budget, torch.cuda.mem_get_info(device)[0] // 4)
+    budget = memory_cap(LOGITS_BUDGET_BYTES, device)
     return min(wanted_chunk_rows(largest_pair_rows, total_rows, accumulator_rows), budget_rows(vocab, itemsize, budget))
 
 

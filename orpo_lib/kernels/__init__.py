@@ -7,19 +7,23 @@
 * ``pair_terms`` — ``pair_terms_kernel``: each pair's odds ratio and every token's dL/dlogp
   (one program per pair).
 * ``row_grads`` — ``row_grads_kernel``: the chunk rewritten in place into dL/dlogits (one program
-  per row, one read and one write).
-* ``scaling`` — ``scale_kernel``: backward's upstream gradient applied to the summed gradients.
+  per row, one read and one write); in the one-pass schedule into d log p / dlogits, not yet scaled.
+* ``pair_sums`` — ``pair_sum_kernel``: a one-pass pair's per-sequence dW sums, each times its sequence's
+  coefficient, added up (one pass over V×H).
+* ``scaling`` — ``scale_kernel``: backward's upstream gradient applied to the summed gradients, and a
+  one-pass pair's dX rows scaled by their sequence's coefficient.
 
 ``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk.
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 
 from .labels import LABEL_STATS, label_stats
+from .pair_sums import pair_sum
 from .pair_terms import pair_terms
-from .row_grads import GRADS_LAUNCH, row_grads
+from .row_grads import GRADS_LAUNCH, row_grads, row_logp_grads
 from .row_layout import RowLaunch
 from .row_stats import STATS_LAUNCH, row_stats
 from .scaling import scale
 
-__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "label_stats", "pair_terms", "row_grads",
-           "row_stats", "scale"]
+__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "label_stats", "pair_sum", "pair_terms",
+           "row_grads", "row_logp_grads", "row_stats", "scale"]

@@ -1,6 +1,10 @@
 """The label check: one program per sequence checks the label ids, counts the tokens each target
 uses and writes the int32 ids the row kernels read (-1 where a token does not count). One launch
 instead of a dozen small torch ops, which at small shapes would cost more than the row kernels.
+
+It also counts, per chosen sequence, the tokens whose NLL id differs from the odds-ratio id: where there
+are none, every token's gradient of the logits is one coefficient of its sequence times onehot(y) - P,
+and a pair longer than a chunk can take the one-pass schedule (``schedule.eligible_pairs``).
 """
 
 from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)
@@ -10,7 +14,7 @@ import triton
 import triton.language as tl
 
 # label_stats_kernel's per-sequence outputs, in column order
-LABEL_STATS = ("target_tokens", "kept_tokens", "nll_tokens", "bad_target_ids", "bad_nll_ids")
+LABEL_STATS = ("target_tokens", "kept_tokens", "nll_tokens", "bad_target_ids", "bad_nll_ids", "nll_mismatches")
 
 
 @triton.jit
@@ -20,12 +24,13 @@ def label_stats_kernel(
     stride_tb, stride_tt, stride_nb, stride_nt,
     target_ids_ptr,  # (B, T) int32 out: the label, or -1 where the token does not count
     nll_ids_ptr,  # (B, T) int32 out: the same for the NLL term (chosen half only)
-    stats_ptr,  # (B, 5) int32 out: the LABEL_STATS of each sequence
+    stats_ptr,  # (B, N_STATS) int32 out: the LABEL_STATS of each sequence
     T,
     V,
     ignore_index,
     pairs,  # B / 2: sequences below it are chosen responses
     COMPUTE_NLL: tl.constexpr,
+    N_STATS: tl.constexpr,  # len(LABEL_STATS)
     BLOCK_T: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -35,6 +40,7 @@ def label_stats_kernel(
     n_nll = tl.zeros([BLOCK_T], dtype=tl.int32)
     bad_target = tl.zeros([BLOCK_T], dtype=tl.int32)
     bad_nll = tl.zeros([BLOCK_T], dtype=tl.int32)
+    nll_mismatch = tl.zeros([BLOCK_T], dtype=tl.int32)
     for start in range(0, T, BLOCK_T):
         t = start + offs
         in_seq = t < T
@@ -42,22 +48,28 @@ def label_stats_kernel(
         nll_target = tl.load(nll_target_ptr + seq * stride_nb + t * stride_nt, mask=in_seq).to(tl.int64)
         target_counts = in_seq & (target != ignore_index)
         nll_counts = in_seq & (nll_target != ignore_index) & (seq < pairs) & COMPUTE_NLL
-        tl.store(target_ids_ptr + seq * T + t, tl.where(target_counts, target, -1).to(tl.int32), mask=in_seq)
-        tl.store(nll_ids_ptr + seq * T + t, tl.where(nll_counts, nll_target, -1).to(tl.int32), mask=in_seq)
+        target_id = tl.where(target_counts, target, -1)
+        nll_id = tl.where(nll_counts, nll_target, -1)
+        tl.store(target_ids_ptr + seq * T + t, target_id.to(tl.int32), mask=in_seq)
+        tl.store(nll_ids_ptr + seq * T + t, nll_id.to(tl.int32), mask=in_seq)
         n_target += target_counts.to(tl.int32)
         n_kept += (target_counts | nll_counts).to(tl.int32)
         n_nll += nll_counts.to(tl.int32)
         bad_target += (target_counts & ((target < 0) | (target >= V))).to(tl.int32)
         bad_nll += (nll_counts & ((nll_target < 0) | (nll_target >= V))).to(tl.int32)
-    tl.store(stats_ptr + seq * 5 + 0, tl.sum(n_target, axis=0))
-    tl.store(stats_ptr + seq * 5 + 1, tl.sum(n_kept, axis=0))
-    tl.store(stats_ptr + seq * 5 + 2, tl.sum(n_nll, axis=0))
-    tl.store(stats_ptr + seq * 5 + 3, tl.sum(bad_target, axis=0))
-    tl.store(stats_ptr + seq * 5 + 4, tl.sum(bad_nll, axis=0))
+        # chosen half only, and only with the NLL term: elsewhere no token has an NLL id to differ
+        nll_mismatch += (in_seq & (seq < pairs) & COMPUTE_NLL & (nll_id != target_id)).to(tl.int32)
+    row = stats_ptr + seq * N_STATS
+    tl.store(row + 0, tl.sum(n_target, axis=0))
+    tl.store(row + 1, tl.sum(n_kept, axis=0))
+    tl.store(row + 2, tl.sum(n_nll, axis=0))
+    tl.store(row + 3, tl.sum(bad_target, axis=0))
+    tl.store(row + 4, tl.sum(bad_nll, axis=0))
+    tl.store(row + 5, tl.sum(nll_mismatch, axis=0))
 
 
 def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: bool):
-    """Launch ``label_stats_kernel``: int32 ids (-1 where a token does not count) and (B, 5) LABEL_STATS."""
+    """Launch ``label_stats_kernel``: int32 ids (-1 where a token does not count) and the (B, 6) LABEL_STATS."""
     batch, seq = target.shape
     nll_target = target if nll_target is None else nll_target
     target_ids, nll_ids = torch.empty(2, batch, seq, device=target.device, dtype=torch.int32)  # one allocation
@@ -65,6 +77,7 @@ def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: 
     label_stats_kernel[(batch,)](
         target, nll_target, target.stride(0), target.stride(1), nll_target.stride(0), nll_target.stride(1),
         target_ids, nll_ids, stats, seq, vocab, ignore_index, batch // 2,
-        COMPUTE_NLL=compute_nll, BLOCK_T=min(triton.next_power_of_2(seq), 1024), num_warps=4,
+        COMPUTE_NLL=compute_nll, N_STATS=len(LABEL_STATS), BLOCK_T=min(triton.next_power_of_2(seq), 1024),
+        num_warps=4,
     )
     return target_ids, nll_ids, stats

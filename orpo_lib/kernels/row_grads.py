@@ -4,6 +4,10 @@ place into dL/dlogits (one read, one write).
 The target columns are set from the precise log-probs that ``row_stats_kernel`` saved, so nothing
 cancels when p ≈ 1. The kernel needs only the row's saved log-sum-exp, so it serves as well logits
 recomputed in a second pass.
+
+``row_logp_grads`` runs the same kernel before the pair coefficients are known: it writes
+d log p(y) / dlogits = onehot(y) - P (0 where the token does not count), which the one-pass schedule
+scales by its sequence's coefficient only after the GEMMs.
 """
 
 from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)
@@ -37,12 +41,17 @@ def row_grads_kernel(
     seq_len,
     V,  # at least BLOCK_V
     BLOCK_V: tl.constexpr,
+    LOGP_GRAD: tl.constexpr,  # True: a = 1 and no NLL term (d log p(y) / dlogits); seq_coef is not read
 ):
     row_ptr, target, nll_target, token = this_row(tl.program_id(0), logits_ptr, stride_row, target_ptr,
                                                   nll_target_ptr, token_ptr)
     acc = lse_ptr.dtype.element_ty
     # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b.
-    a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len), 0.0)
+    if LOGP_GRAD:
+        nll_target = tl.full((), -1, tl.int32)
+        a = tl.where(target >= 0, tl.full((), 1.0, acc), 0.0)
+    else:
+        a = tl.where(target >= 0, tl.load(seq_coef_ptr + token // seq_len), 0.0)
     b = tl.where(nll_target >= 0, tl.full((), -1.0, acc) / nll_tokens, 0.0)
     s = a + b
     # The target columns from expm1(log p) = p - 1, so that nothing cancels when p ≈ 1:
@@ -81,5 +90,16 @@ def row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef, 
     rows, vocab = rows_of(logits)
     row_grads_kernel[(rows,)](
         logits, logits.stride(0), target, nll_target, token, logp, nll_logp, lse, seq_coef, nll_tokens, seq_len, vocab,
-        BLOCK_V=block_v(vocab, launch), num_warps=launch.num_warps,
+        BLOCK_V=block_v(vocab, launch), LOGP_GRAD=False, num_warps=launch.num_warps,
+    )
+
+
+def row_logp_grads(logits, target, token, logp, lse, *, launch: RowLaunch = GRADS_LAUNCH) -> None:
+    """Launch ``row_grads_kernel`` with ``LOGP_GRAD``: every row of ``logits`` rewritten into
+    d log p(target) / dlogits = onehot(target) - softmax, or 0 where the target is -1."""
+    rows, vocab = rows_of(logits)
+    # LOGP_GRAD reads no NLL target, coefficient, NLL count or sequence length: the target's and 1s stand in
+    row_grads_kernel[(rows,)](
+        logits, logits.stride(0), target, target, token, logp, logp, lse, lse, 1, 1, vocab,
+        BLOCK_V=block_v(vocab, launch), LOGP_GRAD=True, num_warps=launch.num_warps,
     )

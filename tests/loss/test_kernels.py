@@ -55,6 +55,7 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
         wide = wide.clamp(0, 255)
     target = wide.to(dtype)[:, ::2]  # a strided view: the kernel reads through the strides
     nll_target = torch.roll(target, 1, dims=1)
+    nll_target[0] = target[0]  # a chosen sequence whose NLL ids are its target ids: no mismatch
 
     target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore, compute_nll)
 
@@ -64,13 +65,18 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
     torch.testing.assert_close(target_ids, torch.where(target_valid, target.long(), -1).int())
     torch.testing.assert_close(nll_ids, torch.where(nll_valid, nll_target.long(), -1).int())
 
+    chosen_with_nll = (torch.arange(batch) < batch // 2)[:, None] & compute_nll
+
     def bad(labels, valid):
         return (((labels.long() < 0) | (labels.long() >= vocab)) & valid).sum(1)
     want = {"target_tokens": target_valid.sum(1), "kept_tokens": (target_valid | nll_valid).sum(1),
             "nll_tokens": nll_valid.sum(1), "bad_target_ids": bad(target, target_valid),
-            "bad_nll_ids": bad(nll_target, nll_valid)}
+            "bad_nll_ids": bad(nll_target, nll_valid),
+            "nll_mismatches": (chosen_with_nll & (nll_ids != target_ids)).sum(1)}
     for column, name in enumerate(LABEL_STATS):
         assert stats[:, column].tolist() == want[name].tolist(), name
+    mismatches = stats[:, LABEL_STATS.index("nll_mismatches")]
+    assert mismatches[0] == 0 and bool((mismatches[1:batch // 2] > 0).all()) == compute_nll
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # float64 logits keep float64 statistics
@@ -108,3 +114,46 @@ def test_row_kernels_give_the_gradient_of_the_logits(dtype, vocab, shift):
     want[torch.arange(rows)[target >= 0], target[target >= 0].long()] += a[target >= 0]
     want[torch.arange(rows)[nll_target >= 0], nll_target[nll_target >= 0].long()] += b[nll_target >= 0]
     torch.testing.assert_close(chunk.double(), want, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_logp_grads_give_onehot_minus_softmax(dtype):
+    """The one-pass rewrite: d log p(y) / dlogits = onehot(y) - softmax on counted rows, 0 on the others,
+    the target column exact where p ≈ 1."""
+    rows, vocab = 5, 1000
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 4
+    logits[1, 7] = 60.0  # a near-certain target: 1 - p must not round to 0
+    target = torch.tensor([3, 7, -1, 999, 0], dtype=torch.int32)
+    token = torch.tensor([4, 0, 1, 2, 3])  # rows write the per-token statistics out of order
+    logp, nll_logp, logit_sum, lse = (torch.zeros(rows, dtype=dtype) for _ in range(4))
+    chunk = logits.to(dtype, copy=True)
+    kernels.row_stats(chunk, target, target, token, logp, nll_logp, logit_sum, lse)
+    kernels.row_logp_grads(chunk, target, token, logp, lse)
+
+    counted = target >= 0
+    want = -logits.softmax(1) * counted[:, None]
+    want[torch.arange(rows)[counted], target[counted].long()] += 1.0
+    want[1, 7] = -torch.expm1(logits[1].log_softmax(0)[7])
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(chunk.double(), want, **tol)
+    assert (chunk[2] == 0).all()
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_pair_sum_combines_the_two_sequences(accumulate, out_dtype):
+    """out = c_chosen·chosen + c_rejected·rejected (+ out), formed in float32 and rounded once, at a size that
+    is no multiple of the block; in place of chosen as well."""
+    gen = torch.Generator().manual_seed(8)
+    chosen, rejected = torch.randn(2, 10007, generator=gen)
+    scales = torch.tensor([-0.37, 1.9])
+    out = torch.randn(10007, generator=gen).to(out_dtype)
+    want = (scales[0] * chosen + scales[1] * rejected + (out.float() if accumulate else 0.0)).to(out_dtype)
+    assert kernels.pair_sum(chosen, rejected, scales, out=out, accumulate=accumulate) is out
+    torch.testing.assert_close(out, want, rtol=1e-6 if out_dtype == torch.float32 else 1e-3, atol=1e-6)
+    in_place = chosen.clone()
+    kernels.pair_sum(in_place, rejected, scales, out=in_place, accumulate=False)
+    torch.testing.assert_close(in_place, scales[0] * chosen + scales[1] * rejected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.pair_sum(chosen[::2], rejected[::2], scales, out=torch.empty(5004), accumulate=False)

@@ -1,0 +1,200 @@
+"""The one-pass schedule of a pair longer than a chunk: the schedule's choice, and the loss, metrics and every
+gradient against the float64 reference when pairs are split into several blocks."""
+
+import pytest
+import torch
+
+import orpo_lib
+from orpo_lib import chunked, schedule
+from orpo_lib.validation import count_tokens
+from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
+from test_loss import TOLERANCE, assert_matches_reference
+
+H, V = 48, 517
+REFERENCE_OPTIONS = ("beta", "compute_nll_loss")  # the others choose how the fused loss computes, not what
+
+
+def plan_of(problem, chunk_size, *, compute_nll_loss=True, fp32_weight_grad=True):
+    counts = count_tokens(problem["target"], problem["nll_target"], problem["weight"].shape[0], -100, compute_nll_loss)
+    opts = chunked.Options(0.1, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden=True, grad_weight=True,
+                           grad_bias=problem["bias"] is not None, single_block=False)
+    return chunked.make_plan(problem["hidden"], problem["weight"].shape[0], counts, opts)
+
+
+def split_passes(plan):
+    """Per split pair (a group of several blocks): 1 for one pass, 2 for two."""
+    return [1 if g.one_pass else 2 for g in plan.groups if len(g.blocks) > 1]
+
+
+def check(problem, tol=TOLERANCE[torch.float32], upstream=1.0, **options):
+    ref, ref_grads = reference_with_grads(problem, **{k: v for k, v in options.items() if k in REFERENCE_OPTIONS})
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=upstream, **options)
+    assert_matches_reference(out, {k: g / upstream for k, g in grads.items()}, ref, ref_grads, tol)
+    return out, grads
+
+
+# ---- the schedule -------------------------------------------------------------------------------
+
+def test_eligible_pairs_need_nll_ids_equal_to_target_ids():
+    # per sequence, chosen then rejected: pair 1's chosen sequence has 3 tokens whose NLL id differs
+    assert schedule.eligible_pairs([0, 3, 0, 0]) == [True, False]
+    assert schedule.eligible_pairs([0, 0]) == [True]
+
+
+def test_one_pass_bytes_count_the_sums_and_the_dx_rows():
+    """At 2×32768, H = 4096, V = 128256: two float32 V×H dW sums, two V dbias sums and 65536 float32 dX rows."""
+    size, vocab, rows = 4096, 128256, 65536
+    full = schedule.one_pass_bytes(rows, size, vocab, sum_itemsize=4, stats_itemsize=4, grad_hidden=True,
+                                   grad_weight=True, grad_bias=True)
+    assert full == 2 * vocab * size * 4 + 2 * vocab * 4 + rows * size * 4
+    assert schedule.one_pass_bytes(rows, size, vocab, sum_itemsize=2, stats_itemsize=4, grad_hidden=False,
+                                   grad_weight=True, grad_bias=False) == 2 * vocab * size * 2
+
+
+def test_choose_one_pass_by_eligibility_and_budget():
+    assert schedule.choose_one_pass([True, False, True], [10, 10, 11], budget=10) == [True, False, False]
+    assert schedule.one_pass_budget(torch.device("cpu")) == schedule.ONE_PASS_BUDGET_BYTES
+
+
+def test_one_pass_blocks_stay_within_one_sequence():
+    groups = schedule.plan_chunks([3, 20, 4], chunk_rows=8)
+    assert [g.blocks for g in groups] == [[(0, 3)], [(3, 10), (10, 17), (17, 23)], [(23, 27)]]
+    # pair 1: 11 chosen rows [3, 14) and 9 rejected rows [14, 23), each in blocks of at most 8
+    planned = schedule.plan_passes(groups, chosen_rows=[2, 11, 2], one_pass=[True, True, True], block_rows=8)
+    assert planned[1] == schedule.ChunkGroup(1, 2, [(3, 9), (9, 14), (14, 19), (19, 23)], rejected_start=14)
+    assert planned[0] == groups[0] and planned[2] == groups[2]  # a whole pair in one block is left as it is
+    assert [g.one_pass for g in planned] == [False, True, False]
+    two_pass = schedule.plan_passes(groups, chosen_rows=[2, 11, 2], one_pass=[True, False, True], block_rows=8)
+    assert two_pass == groups and not two_pass[1].one_pass
+
+
+def test_one_pass_block_rows():
+    assert schedule.one_pass_block_rows(None, 33487) == schedule.ONE_PASS_BLOCK_ROWS == 8192
+    assert schedule.one_pass_block_rows(None, 4096) == 4096
+    assert schedule.one_pass_block_rows(5, 5) == 5  # a chunk size given is the block size
+
+
+@pytest.mark.parametrize("nll,compute_nll_loss,passes", [
+    ("same", True, [1, 1]),
+    ("differs", True, [2, 2]),  # the NLL term's own target: two passes
+    ("differs", False, [1, 1]),  # without the NLL term its target does not matter
+    ("differs in pair 1", True, [1, 2]),
+])
+def test_plan_chooses_the_pass_per_pair(nll, compute_nll_loss, passes):
+    problem = make_problem(4, 9, H, V, with_nll_target=nll != "same", seed=20)
+    if nll == "differs in pair 1":
+        problem["nll_target"][0] = problem["target"][0]  # pair 0's chosen sequence: NLL ids = target ids
+    plan = plan_of(problem, 6, compute_nll_loss=compute_nll_loss)
+    assert split_passes(plan) == passes
+    check(problem, chunk_size=6, compute_nll_loss=compute_nll_loss)
+
+
+def test_budget_too_small_takes_two_passes(monkeypatch):
+    problem = make_problem(4, 9, H, V, with_bias=True, seed=21)
+    assert split_passes(plan_of(problem, 6)) == [1, 1]
+    monkeypatch.setattr(schedule, "ONE_PASS_BUDGET_BYTES", 0)
+    assert split_passes(plan_of(problem, 6)) == [2, 2]
+    check(problem, chunk_size=6)
+
+
+# ---- the loss and its gradients -----------------------------------------------------------------
+
+@pytest.mark.parametrize("batch,seq,chunk_size", [
+    (2, 13, 5),  # one pair: dW made in place of the chosen sequence's sum
+    (4, 11, 6),  # two long pairs: the second adds to the first's dW
+    (6, 7, 4),  # three
+])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("ignored_fraction", [0.0, 0.3])  # token order; pair order without the dropped rows
+def test_split_pairs_match_reference(batch, seq, chunk_size, with_bias, ignored_fraction):
+    problem = make_problem(batch, seq, H, V, with_bias=with_bias, ignored_fraction=ignored_fraction,
+                           seed=batch * seq + chunk_size)
+    plan = plan_of(problem, chunk_size)
+    assert split_passes(plan) == [1] * (batch // 2)
+    assert plan.token_order == (ignored_fraction == 0.0 and batch == 2)
+    check(problem, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("long_pairs_first", [True, False])
+def test_one_pass_pairs_next_to_whole_pairs(long_pairs_first):
+    """Pairs that fit a chunk (one block, one pass of the usual kind) and pairs split in one pass, in either order,
+    all adding to one dW, dbias and dX."""
+    problem = make_problem(6, 12, H, V, with_bias=True, ignored_fraction=0.0, seed=22)
+    short = [0] if long_pairs_first else [2]
+    for pair in short:
+        problem["target"][[pair, pair + 3], 3:] = -100
+    plan = plan_of(problem, 10)
+    passes = [(g.first_pair, g.one_pass) for g in plan.groups]
+    assert sorted(passes) == sorted([(p, p not in short) for p in range(3)])
+    check(problem, chunk_size=10)
+
+
+@pytest.mark.parametrize("options", [
+    dict(compute_nll_loss=False),
+    dict(fp32_weight_grad=False),
+    dict(beta=0.7),
+])
+def test_options_in_one_pass(options):
+    problem = make_problem(4, 9, H, V, with_bias=True, seed=23)
+    assert split_passes(plan_of(problem, 5, compute_nll_loss=options.get("compute_nll_loss", True))) == [1, 1]
+    out, _ = check(problem, chunk_size=5, **options)
+    if options.get("compute_nll_loss") is False:
+        assert out.nll_loss.item() == 0.0
+
+
+def test_upstream_gradient_and_second_backward():
+    problem = make_problem(4, 9, H, V, with_bias=True, seed=24)
+    check(problem, upstream=-2.5, chunk_size=5)
+    leaves = [problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias")]
+    loss = orpo_lib.fused_linear_orpo_loss(*leaves[:2], problem["target"], leaves[2], chunk_size=5).loss
+    (loss * 0.5).backward(retain_graph=True)
+    first = [leaf.grad.clone() for leaf in leaves]
+    (loss * 0.5).backward()
+    for leaf, grad in zip(leaves, first):
+        assert torch.equal(leaf.grad, 2 * grad)
+
+
+def test_deterministic_in_one_pass():
+    problem = make_problem(4, 9, H, V, with_bias=True, ignored_fraction=0.3, seed=25)
+    first_out, first = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=5)
+    second_out, second = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=5)
+    assert torch.equal(first_out.loss, second_out.loss)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def test_float64_in_one_pass():
+    problem = make_problem(4, 7, H, V, dtype=torch.float64, with_bias=True, seed=26)
+    assert split_passes(plan_of(problem, 5)) == [1, 1]
+    out, grads = check(problem, tol=1e-10, chunk_size=5)
+    assert grads["weight"].dtype == torch.float64
+
+
+def test_gradcheck_in_one_pass():
+    problem = make_problem(2, 5, 6, 11, dtype=torch.float64, with_bias=True, seed=27)
+    assert split_passes(plan_of(problem, 3)) == [1]
+    inputs = tuple(problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias"))
+
+    def loss(hidden, weight, bias):
+        return orpo_lib.fused_linear_orpo_loss(hidden, weight, problem["target"], bias, chunk_size=3, beta=0.5).loss
+    assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
+
+@pytest.mark.parametrize("ignored_fraction", [0.0, 0.3])
+def test_bfloat16_as_accurate_as_the_baseline(ignored_fraction):
+    """bf16 inputs: one pass is no further from float64 than the materialising baseline, nor than two passes
+    (on the CPU the interpreter's bf16 stores truncate, so both fused schedules carry that extra error)."""
+    problem = make_problem(2, 16, 64, 1031, dtype=torch.bfloat16, with_bias=True, ignored_fraction=ignored_fraction,
+                           logit_scale=3.0, seed=28)
+    assert split_passes(plan_of(problem, 6)) == [1]
+    ref, ref_grads = reference_with_grads(problem)
+    errors = {}
+    for name, fn, chunk_size in (("one pass", orpo_lib.fused_linear_orpo_loss, 6),
+                                 ("baseline", orpo_lib.orpo_loss_baseline, None)):
+        kwargs = {} if chunk_size is None else dict(chunk_size=chunk_size)
+        out, grads = run_with_grads(fn, problem, **kwargs)
+        errors[name] = {"loss": rel_err(out.loss.detach(), ref["loss"].detach()),
+                        **{k: rel_err(g, ref_grads[k]) for k, g in grads.items()}}
+    for key, err in errors["one pass"].items():
+        assert err < TOLERANCE[torch.bfloat16], (key, errors)
+        assert err <= 2 * errors["baseline"][key] + 1e-3, (key, errors)
