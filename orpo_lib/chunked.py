@@ -84,7 +84,7 @@ def gather_rows(hidden, tokens):
 class Plan:
     """Which rows go through the buffer together, and in which order; fixed before the first GEMM."""
 
-    groups: list  # schedule.ChunkGroup: whole pairs, each in one or more blocks of rows
+    groups: list  # schedule.ChunkGroup: whole pairs in one block, or one pair in several (one pass or two)
     row_tokens: torch.Tensor | None  # (kept,) flattened token index of each row; None: token order
     dropped: bool  # some tokens no target needs are left out of every GEMM
     buffer_rows: int
@@ -347,7 +347,7 @@ def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) ->
 class PairSums:
     """The gradient GEMMs of a pair in one pass, before its two coefficients (None: not needed)."""
 
-    dx_rows: torch.Tensor | None  # (pair rows, H) U·W of each row, in the statistics dtype
+    dx_rows: torch.Tensor | None  # (pair rows, H) Q = U·W of each row, in the statistics dtype
     dw: list  # [chosen, rejected] (V, H) Σ Uᵀ·X in the dW sum dtype, each made by its sequence's first block
     db: torch.Tensor | None  # (2, V) Σ U of the chosen and of the rejected sequence
 

@@ -180,21 +180,25 @@ def test_gradcheck_in_one_pass():
     assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
 
 
+# The interpreter rounds float16 stores to nearest, as the GPU does, but truncates bfloat16 ones (the
+# fused loss's stores, not the baseline's torch casts): one pass must then be within that truncation's cost.
+BASELINE_FACTOR = {torch.float16: 1.25, torch.bfloat16: 2.0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("ignored_fraction", [0.0, 0.3])
-def test_bfloat16_as_accurate_as_the_baseline(ignored_fraction):
-    """bf16 inputs: one pass is no further from float64 than the materialising baseline, nor than two passes
-    (on the CPU the interpreter's bf16 stores truncate, so both fused schedules carry that extra error)."""
-    problem = make_problem(2, 16, 64, 1031, dtype=torch.bfloat16, with_bias=True, ignored_fraction=ignored_fraction,
+def test_half_precision_as_accurate_as_the_baseline(dtype, ignored_fraction):
+    """Half-precision inputs: one pass is as close to float64 as the materialising baseline."""
+    problem = make_problem(2, 16, 64, 1031, dtype=dtype, with_bias=True, ignored_fraction=ignored_fraction,
                            logit_scale=3.0, seed=28)
     assert split_passes(plan_of(problem, 6)) == [1]
     ref, ref_grads = reference_with_grads(problem)
     errors = {}
-    for name, fn, chunk_size in (("one pass", orpo_lib.fused_linear_orpo_loss, 6),
-                                 ("baseline", orpo_lib.orpo_loss_baseline, None)):
-        kwargs = {} if chunk_size is None else dict(chunk_size=chunk_size)
-        out, grads = run_with_grads(fn, problem, **kwargs)
+    for name, fn, options in (("one pass", orpo_lib.fused_linear_orpo_loss, dict(chunk_size=6)),
+                              ("baseline", orpo_lib.orpo_loss_baseline, {})):
+        out, grads = run_with_grads(fn, problem, **options)
         errors[name] = {"loss": rel_err(out.loss.detach(), ref["loss"].detach()),
                         **{k: rel_err(g, ref_grads[k]) for k, g in grads.items()}}
     for key, err in errors["one pass"].items():
-        assert err < TOLERANCE[torch.bfloat16], (key, errors)
-        assert err <= 2 * errors["baseline"][key] + 1e-3, (key, errors)
+        assert err < TOLERANCE[dtype], (key, errors)
+        assert err <= BASELINE_FACTOR[dtype] * errors["baseline"][key], (key, errors)
