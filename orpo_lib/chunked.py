@@ -133,10 +133,10 @@ def gradient_groups(hidden, vocab: int, counts: TokenCounts, opts: Options, pair
                                           grad_hidden=opts.grad_hidden, grad_weight=opts.grad_weight,
                                           grad_bias=opts.grad_bias) for rows in pair_rows]
     one_pass = schedule.choose_one_pass(schedule.eligible_pairs(counts.nll_mismatches), pair_bytes,
-                                        schedule.one_pass_budget(hidden.device))
+                                        schedule.one_pass_budget(opts.chunk_size, hidden.device))
     chosen_rows = counts.kept_per_seq[: len(pair_rows)]  # a pair's chosen rows come first in either row order
     return schedule.plan_passes(schedule.plan_chunks(pair_rows, chunk_rows), chosen_rows, one_pass,
-                                schedule.one_pass_block_rows(opts.chunk_size, chunk_rows))
+                                schedule.one_pass_block_rows(chunk_rows))
 
 
 # ---- per-token statistics -----------------------------------------------------------------------

@@ -90,9 +90,10 @@ def one_pass_bytes(pair_rows: int, hidden_size: int, vocab: int, *, sum_itemsize
             + grad_hidden * pair_rows * hidden_size * stats_itemsize)
 
 
-def one_pass_budget(device: torch.device) -> int:
-    """``ONE_PASS_BUDGET_BYTES``, within a quarter of free memory on a GPU (as ``auto_chunk_rows``)."""
-    return memory_cap(ONE_PASS_BUDGET_BYTES, device)
+def one_pass_budget(chunk_size, device: torch.device) -> int:
+    """``ONE_PASS_BUDGET_BYTES``, within a quarter of free memory on a GPU (as ``auto_chunk_rows``); 0 when a
+    chunk size is given, because that is a bound on the memory the call may take, which the sums would break."""
+    return 0 if chunk_size is not None else memory_cap(ONE_PASS_BUDGET_BYTES, device)
 
 
 def memory_cap(budget: int, device: torch.device) -> int:
@@ -107,9 +108,9 @@ def choose_one_pass(eligible: list, pair_bytes: list, budget: int) -> list:
     return [ok and extra <= budget for ok, extra in zip(eligible, pair_bytes)]
 
 
-def one_pass_block_rows(chunk_size, chunk_rows: int) -> int:
-    """Rows per block of a pair in one pass: the chunk size given, or at most ``ONE_PASS_BLOCK_ROWS``."""
-    return chunk_size or min(chunk_rows, ONE_PASS_BLOCK_ROWS)
+def one_pass_block_rows(chunk_rows: int) -> int:
+    """Rows per block of a pair in one pass: the automatic chunk size, at most ``ONE_PASS_BLOCK_ROWS``."""
+    return min(chunk_rows, ONE_PASS_BLOCK_ROWS)
 
 
 def plan_passes(groups: list, chosen_rows: list, one_pass: list, block_rows: int) -> list:
@@ -141,9 +142,9 @@ def auto_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsiz
     return min(wanted_chunk_rows(largest_pair_rows, total_rows, accumulator_rows), budget_rows(vocab, itemsize, budget))
 
 
-def budget_rows(vocab: int, itemsize: int, budget: int = LOGITS_BUDGET_BYTES) -> int:
-    """Rows of logits that fit in ``budget`` bytes."""
-    return max(1, budget // (vocab * itemsize))
+def budget_rows(vocab: int, itemsize: int, budget: int | None = None) -> int:
+    """Rows of logits that fit in ``budget`` bytes (default ``LOGITS_BUDGET_BYTES``)."""
+    return max(1, (LOGITS_BUDGET_BYTES if budget is None else budget) // (vocab * itemsize))
 
 
 def wanted_chunk_rows(largest_pair_rows: int, total_rows: int, accumulator_rows: int = 0) -> int:

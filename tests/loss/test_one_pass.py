@@ -14,7 +14,17 @@ H, V = 48, 517
 REFERENCE_OPTIONS = ("beta", "compute_nll_loss")  # the others choose how the fused loss computes, not what
 
 
-def plan_of(problem, chunk_size, *, compute_nll_loss=True, fp32_weight_grad=True):
+@pytest.fixture
+def logit_rows(monkeypatch):
+    """Let at most ``rows`` rows of the problem's logits exist at once under the automatic chunk size (the
+    one-pass schedule is the automatic one's: a chunk size given bounds the memory, and takes two passes)."""
+    def limit(problem, rows):
+        weight = problem["weight"]
+        monkeypatch.setattr(schedule, "LOGITS_BUDGET_BYTES", rows * weight.shape[0] * weight.element_size())
+    return limit
+
+
+def plan_of(problem, chunk_size=None, *, compute_nll_loss=True, fp32_weight_grad=True):
     counts = count_tokens(problem["target"], problem["nll_target"], problem["weight"].shape[0], -100, compute_nll_loss)
     opts = chunked.Options(0.1, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden=True, grad_weight=True,
                            grad_bias=problem["bias"] is not None, single_block=False)
@@ -53,7 +63,8 @@ def test_one_pass_bytes_count_the_sums_and_the_dx_rows():
 
 def test_choose_one_pass_by_eligibility_and_budget():
     assert schedule.choose_one_pass([True, False, True], [10, 10, 11], budget=10) == [True, False, False]
-    assert schedule.one_pass_budget(torch.device("cpu")) == schedule.ONE_PASS_BUDGET_BYTES
+    assert schedule.one_pass_budget(None, torch.device("cpu")) == schedule.ONE_PASS_BUDGET_BYTES
+    assert schedule.one_pass_budget(1024, torch.device("cpu")) == 0  # a chunk size given bounds the memory
 
 
 def test_one_pass_blocks_stay_within_one_sequence():
@@ -69,9 +80,8 @@ def test_one_pass_blocks_stay_within_one_sequence():
 
 
 def test_one_pass_block_rows():
-    assert schedule.one_pass_block_rows(None, 33487) == schedule.ONE_PASS_BLOCK_ROWS == 8192
-    assert schedule.one_pass_block_rows(None, 4096) == 4096
-    assert schedule.one_pass_block_rows(5, 5) == 5  # a chunk size given is the block size
+    assert schedule.one_pass_block_rows(33487) == schedule.ONE_PASS_BLOCK_ROWS == 8192
+    assert schedule.one_pass_block_rows(4096) == 4096
 
 
 @pytest.mark.parametrize("nll,compute_nll_loss,passes", [
@@ -80,21 +90,23 @@ def test_one_pass_block_rows():
     ("differs", False, [1, 1]),  # without the NLL term its target does not matter
     ("differs in pair 1", True, [1, 2]),
 ])
-def test_plan_chooses_the_pass_per_pair(nll, compute_nll_loss, passes):
+def test_plan_chooses_the_pass_per_pair(logit_rows, nll, compute_nll_loss, passes):
     problem = make_problem(4, 9, H, V, with_nll_target=nll != "same", seed=20)
+    logit_rows(problem, 6)
     if nll == "differs in pair 1":
         problem["nll_target"][0] = problem["target"][0]  # pair 0's chosen sequence: NLL ids = target ids
-    plan = plan_of(problem, 6, compute_nll_loss=compute_nll_loss)
+    plan = plan_of(problem, compute_nll_loss=compute_nll_loss)
     assert split_passes(plan) == passes
-    check(problem, chunk_size=6, compute_nll_loss=compute_nll_loss)
+    check(problem, compute_nll_loss=compute_nll_loss)
 
 
-def test_budget_too_small_takes_two_passes(monkeypatch):
+def test_budget_too_small_takes_two_passes(logit_rows, monkeypatch):
     problem = make_problem(4, 9, H, V, with_bias=True, seed=21)
-    assert split_passes(plan_of(problem, 6)) == [1, 1]
+    logit_rows(problem, 6)
+    assert split_passes(plan_of(problem)) == [1, 1]
     monkeypatch.setattr(schedule, "ONE_PASS_BUDGET_BYTES", 0)
-    assert split_passes(plan_of(problem, 6)) == [2, 2]
-    check(problem, chunk_size=6)
+    assert split_passes(plan_of(problem)) == [2, 2]
+    check(problem)
 
 
 # ---- the loss and its gradients -----------------------------------------------------------------
@@ -106,27 +118,29 @@ def test_budget_too_small_takes_two_passes(monkeypatch):
 ])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("ignored_fraction", [0.0, 0.3])  # token order; pair order without the dropped rows
-def test_split_pairs_match_reference(batch, seq, chunk_size, with_bias, ignored_fraction):
+def test_split_pairs_match_reference(logit_rows, batch, seq, chunk_size, with_bias, ignored_fraction):
     problem = make_problem(batch, seq, H, V, with_bias=with_bias, ignored_fraction=ignored_fraction,
                            seed=batch * seq + chunk_size)
-    plan = plan_of(problem, chunk_size)
+    logit_rows(problem, chunk_size)
+    plan = plan_of(problem)
     assert split_passes(plan) == [1] * (batch // 2)
     assert plan.token_order == (ignored_fraction == 0.0 and batch == 2)
-    check(problem, chunk_size=chunk_size)
+    check(problem)
 
 
 @pytest.mark.parametrize("long_pairs_first", [True, False])
-def test_one_pass_pairs_next_to_whole_pairs(long_pairs_first):
+def test_one_pass_pairs_next_to_whole_pairs(logit_rows, long_pairs_first):
     """Pairs that fit a chunk (one block, one pass of the usual kind) and pairs split in one pass, in either order,
     all adding to one dW, dbias and dX."""
     problem = make_problem(6, 12, H, V, with_bias=True, ignored_fraction=0.0, seed=22)
+    logit_rows(problem, 10)
     short = [0] if long_pairs_first else [2]
     for pair in short:
         problem["target"][[pair, pair + 3], 3:] = -100
-    plan = plan_of(problem, 10)
+    plan = plan_of(problem)
     passes = [(g.first_pair, g.one_pass) for g in plan.groups]
     assert sorted(passes) == sorted([(p, p not in short) for p in range(3)])
-    check(problem, chunk_size=10)
+    check(problem)
 
 
 @pytest.mark.parametrize("options", [
@@ -134,19 +148,21 @@ def test_one_pass_pairs_next_to_whole_pairs(long_pairs_first):
     dict(fp32_weight_grad=False),
     dict(beta=0.7),
 ])
-def test_options_in_one_pass(options):
+def test_options_in_one_pass(logit_rows, options):
     problem = make_problem(4, 9, H, V, with_bias=True, seed=23)
-    assert split_passes(plan_of(problem, 5, compute_nll_loss=options.get("compute_nll_loss", True))) == [1, 1]
-    out, _ = check(problem, chunk_size=5, **options)
+    logit_rows(problem, 5)
+    assert split_passes(plan_of(problem, compute_nll_loss=options.get("compute_nll_loss", True))) == [1, 1]
+    out, _ = check(problem, **options)
     if options.get("compute_nll_loss") is False:
         assert out.nll_loss.item() == 0.0
 
 
-def test_upstream_gradient_and_second_backward():
+def test_upstream_gradient_and_second_backward(logit_rows):
     problem = make_problem(4, 9, H, V, with_bias=True, seed=24)
-    check(problem, upstream=-2.5, chunk_size=5)
+    logit_rows(problem, 5)
+    check(problem, upstream=-2.5)
     leaves = [problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias")]
-    loss = orpo_lib.fused_linear_orpo_loss(*leaves[:2], problem["target"], leaves[2], chunk_size=5).loss
+    loss = orpo_lib.fused_linear_orpo_loss(*leaves[:2], problem["target"], leaves[2]).loss
     (loss * 0.5).backward(retain_graph=True)
     first = [leaf.grad.clone() for leaf in leaves]
     (loss * 0.5).backward()
@@ -154,29 +170,32 @@ def test_upstream_gradient_and_second_backward():
         assert torch.equal(leaf.grad, 2 * grad)
 
 
-def test_deterministic_in_one_pass():
+def test_deterministic_in_one_pass(logit_rows):
     problem = make_problem(4, 9, H, V, with_bias=True, ignored_fraction=0.3, seed=25)
-    first_out, first = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=5)
-    second_out, second = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, chunk_size=5)
+    logit_rows(problem, 5)
+    first_out, first = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+    second_out, second = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
     assert torch.equal(first_out.loss, second_out.loss)
     for name in first:
         assert torch.equal(first[name], second[name]), name
 
 
-def test_float64_in_one_pass():
+def test_float64_in_one_pass(logit_rows):
     problem = make_problem(4, 7, H, V, dtype=torch.float64, with_bias=True, seed=26)
-    assert split_passes(plan_of(problem, 5)) == [1, 1]
-    out, grads = check(problem, tol=1e-10, chunk_size=5)
+    logit_rows(problem, 5)
+    assert split_passes(plan_of(problem)) == [1, 1]
+    out, grads = check(problem, tol=1e-10)
     assert grads["weight"].dtype == torch.float64
 
 
-def test_gradcheck_in_one_pass():
+def test_gradcheck_in_one_pass(logit_rows):
     problem = make_problem(2, 5, 6, 11, dtype=torch.float64, with_bias=True, seed=27)
-    assert split_passes(plan_of(problem, 3)) == [1]
+    logit_rows(problem, 3)
+    assert split_passes(plan_of(problem)) == [1]
     inputs = tuple(problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias"))
 
     def loss(hidden, weight, bias):
-        return orpo_lib.fused_linear_orpo_loss(hidden, weight, problem["target"], bias, chunk_size=3, beta=0.5).loss
+        return orpo_lib.fused_linear_orpo_loss(hidden, weight, problem["target"], bias, beta=0.5).loss
     assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
 
 
@@ -187,14 +206,15 @@ BASELINE_FACTOR = {torch.float16: 1.25, torch.bfloat16: 2.0}
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("ignored_fraction", [0.0, 0.3])
-def test_half_precision_as_accurate_as_the_baseline(dtype, ignored_fraction):
+def test_half_precision_as_accurate_as_the_baseline(logit_rows, dtype, ignored_fraction):
     """Half-precision inputs: one pass is as close to float64 as the materialising baseline."""
     problem = make_problem(2, 16, 64, 1031, dtype=dtype, with_bias=True, ignored_fraction=ignored_fraction,
                            logit_scale=3.0, seed=28)
-    assert split_passes(plan_of(problem, 6)) == [1]
+    logit_rows(problem, 6)
+    assert split_passes(plan_of(problem)) == [1]
     ref, ref_grads = reference_with_grads(problem)
     errors = {}
-    for name, fn, options in (("one pass", orpo_lib.fused_linear_orpo_loss, dict(chunk_size=6)),
+    for name, fn, options in (("one pass", orpo_lib.fused_linear_orpo_loss, {}),
                               ("baseline", orpo_lib.orpo_loss_baseline, {})):
         out, grads = run_with_grads(fn, problem, **options)
         errors[name] = {"loss": rel_err(out.loss.detach(), ref["loss"].detach()),
@@ -202,3 +222,13 @@ def test_half_precision_as_accurate_as_the_baseline(dtype, ignored_fraction):
     for key, err in errors["one pass"].items():
         assert err < TOLERANCE[dtype], (key, errors)
         assert err <= BASELINE_FACTOR[dtype] * errors["baseline"][key], (key, errors)
+
+
+def test_a_chunk_size_given_takes_two_passes(logit_rows):
+    """A chunk size is a bound on the call's memory: the one-pass sums would exceed it, so long pairs take two
+    passes there, with the same results."""
+    problem = make_problem(4, 9, H, V, with_bias=True, seed=29)
+    assert split_passes(plan_of(problem, 6)) == [2, 2]
+    check(problem, chunk_size=6)
+    logit_rows(problem, 6)
+    assert split_passes(plan_of(problem)) == [1, 1]
