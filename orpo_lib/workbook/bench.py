@@ -51,9 +51,9 @@ class Workload:
     hidden: int
     vocab: int
     dtype: str = "bf16"
-    # "none": every token counts for both targets, with an NLL target of its own; "prompt-half": the first
-    # half of each sequence is prompt, which no target counts; "trl": TRL's batches, the odds ratio on
-    # the response (the last three quarters), the NLL on prompt and response of the same token ids
+    # "none": every token counts, for the odds ratio and the NLL alike (nll_target=None, the default);
+    # "prompt-half": the first half of each sequence is prompt, which no target counts; "trl": TRL's batches,
+    # the odds ratio on the response (the last three quarters), the NLL on prompt and response
     mask: str = "none"
 
     @property
@@ -95,10 +95,9 @@ def make_inputs(w: Workload, device, seed=0):
     hidden = torch.randn(w.batch, w.seq, w.hidden, device=device, dtype=dtype, generator=gen)
     weight = torch.randn(w.vocab, w.hidden, device=device, dtype=dtype, generator=gen) * w.hidden ** -0.5
     target = torch.randint(0, w.vocab, (w.batch, w.seq), device=device, generator=gen)
-    nll_target = torch.randint(0, w.vocab, (w.batch, w.seq), device=device, generator=gen)
+    nll_target = None
     if w.mask == "prompt-half":
         target[:, : w.seq // 2] = -100
-        nll_target = None
     elif w.mask == "trl":
         nll_target = target.clone()
         target[:, : w.seq // 4] = -100

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import schedule
 from ..schedule import accumulator_rows, auto_chunk_rows, wanted_chunk_rows
 
 GIB = 2**30
@@ -44,6 +45,7 @@ class Chunking:
     rows: int  # token rows whose logits exist at once (the chunk buffer's height)
     count: int  # chunks per call (blocks of logits computed for the gradient pass)
     passes: int  # 1, or 2 when a pair is larger than a chunk and most of its logits are computed twice
+    one_pass: bool = False  # a pair larger than a chunk, in blocks per sequence, each block's logits once
 
 
 def chunk_row_limit(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0, dtype_bytes: int = 2,
@@ -78,10 +80,22 @@ def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0
     if limit >= pair_rows:
         pairs_per_chunk = min(pairs, limit // pair_rows)
         return Chunking(rows=pairs_per_chunk * pair_rows, count=math.ceil(pairs / pairs_per_chunk), passes=1)
-    # A pair is larger than a chunk: split into equal blocks, a statistics pass over them, then a
-    # gradient pass that computes their logits again.
+    if chunk_size is None and one_pass_fits(seq, hidden, vocab, dtype_bytes, dw_fp32):
+        # The automatic chunk size: each sequence in equal blocks, each block's logits computed once.
+        blocks = math.ceil(seq / schedule.one_pass_block_rows(limit))
+        return Chunking(rows=math.ceil(seq / blocks), count=pairs * 2 * blocks, passes=1, one_pass=True)
+    # Otherwise the pair is split into equal blocks, a statistics pass over them, then a gradient pass
+    # that computes their logits again.
     blocks = math.ceil(pair_rows / limit)
     return Chunking(rows=math.ceil(pair_rows / blocks), count=pairs * blocks, passes=2)
+
+
+def one_pass_fits(seq: int, hidden: int, vocab: int, dtype_bytes: int, dw_fp32: bool) -> bool:
+    """Whether a pair's one-pass sums fit the library's budget (its free-memory cap left out). The labels are
+    taken to be eligible: the NLL on the odds ratio's tokens (``nll_target=None``)."""
+    extra = schedule.one_pass_bytes(2 * seq, hidden, vocab, sum_itemsize=FP32_BYTES if dw_fp32 else dtype_bytes,
+                                    stats_itemsize=FP32_BYTES, grad_hidden=True, grad_weight=True, grad_bias=False)
+    return extra <= schedule.ONE_PASS_BUDGET_BYTES
 
 
 def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, with_grad):
@@ -108,12 +122,27 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
             ("chunk dW GEMM", {**dw_operand, "dw": dw, "dx": dx, "token_state": token_state}),
         ]
     dw_accumulator = vocab * hidden * (FP32_BYTES if dw_fp32 else dtype_bytes)
+    if chunk.one_pass:
+        return _one_pass_phases(batch, seq, hidden, chunk, buffer, dtype_bytes, dw_accumulator, dx, dw, token_state)
     common = {"dw_accumulator": dw_accumulator, "dx": dx, "token_state": token_state}
     # Backward scales the saved sums into new tensors and leaves the sums as they are (a retained graph
     # can run backward again), so dX and dW exist twice until autograd releases the saved ones.
     backward = {"dw_accumulator": dw_accumulator, "dw": dw, "dx": dx, "dx_grad": dx}
     return [("chunk dX GEMM", {**dx_gemm, **common}), ("chunk dW GEMM", {**dw_operand, **common}),
             ("backward", backward)]
+
+
+def _one_pass_phases(batch, seq, hidden, chunk, buffer, dtype_bytes, dw_accumulator, dx, dw, token_state):
+    """At a pair's end: its two sequences' dW sums and its dX rows in float32, before their coefficients. One
+    pair reads hidden and writes dX in token order; with several, the rows are gathered, their dX rows staged,
+    and the sums from the second pair on add to a dW sum (the first pair's dW is made in place of its sum)."""
+    pair_end = {"chunk_logits": buffer, "sequence_dw_sums": 2 * dw_accumulator,
+                "pair_dx_rows_fp32": 2 * seq * hidden * FP32_BYTES, "dx": dx, "token_state": token_state}
+    if batch > 2:
+        pair_end.update(dw_accumulator=dw_accumulator, gathered_rows=chunk.rows * hidden * dtype_bytes,
+                        pair_dx_rows=2 * seq * hidden * dtype_bytes)
+    backward = {"dw_accumulator": dw_accumulator, "dw": dw, "dx": dx, "dx_grad": dx}
+    return [("pair end", pair_end), ("backward", backward)]
 
 
 def _baseline_phases(batch, seq, hidden, vocab, dtype_bytes, with_grad):
@@ -263,6 +292,10 @@ def stage_costs(
             {"stage": "dX GEMM", "flops": gemm_flops, "bytes": logits * dtype_bytes + w_reads + x_bytes},
             {"stage": "dW GEMM", "flops": gemm_flops, "bytes": logits * dtype_bytes + x_bytes + chunk.count * vocab * hidden * 2 * FP32_BYTES},
         ]
+        if chunk.one_pass:
+            # per pair: its float32 dX rows written by the dX GEMM and read back, the two V×H sums read once more
+            stages.append({"stage": "pair ends (float32 dX rows and dW sums scaled)", "flops": 0,
+                           "bytes": 2 * tokens * hidden * FP32_BYTES + batch // 2 * 3 * vocab * hidden * FP32_BYTES})
         return stages
     if impl == "baseline":
         return [

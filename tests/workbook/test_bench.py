@@ -173,6 +173,8 @@ def test_trl_labels_and_their_floor(tmp_path):
     _, _, target, nll_target = bench.make_inputs(w, torch.device("cpu"))
     assert (target[:, :4] == -100).all() and (target[:, 4:] >= 0).all()
     assert torch.equal(nll_target[:, 4:], target[:, 4:]) and (nll_target[:, :4] >= 0).all()
+    *_, every_token, default_nll = bench.make_inputs(bench.Workload(2, 16, 32, 101, "fp32"), torch.device("cpu"))
+    assert (every_token >= 0).all() and default_nll is None  # mask "none": the NLL on the odds ratio's tokens
     record = bench.main(["--shapes", "2x8", "--hidden", "32", "--vocab", "101", "--reps", "1", "--warmup", "0",
                          "--providers", "floor,fused", "--modes", "full", "--masks", "trl",
                          "--out", str(tmp_path / "trl.json")])

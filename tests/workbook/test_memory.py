@@ -1,6 +1,7 @@
 """The analytic memory model: hand-computed peaks, agreement with the library's chunking, and with H200 measurements."""
 
 import pytest
+import torch
 
 from orpo_lib import schedule
 from orpo_lib.workbook import memory
@@ -69,14 +70,36 @@ def test_one_block_when_it_costs_no_more_than_a_float32_accumulator():
     (8, 4096, 1024), (4, 1024, 2048), (6, 100, 450), (2, 32768, None),
 ])
 def test_chunking_matches_the_library(batch, seq, chunk_size):
+    """The model's chunks are the library's plan for labels whose NLL is on the odds ratio's tokens."""
     pair_rows = [2 * seq] * (batch // 2)
-    rows = chunk_size or schedule.auto_chunk_rows(2 * seq, batch * seq, V, 2, __import__("torch").device("cpu"),
+    rows = chunk_size or schedule.auto_chunk_rows(2 * seq, batch * seq, V, 2, torch.device("cpu"),
                                                schedule.accumulator_rows(H, 2, True))
-    groups = schedule.plan_chunks(pair_rows, rows)
+    sums = schedule.one_pass_bytes(2 * seq, H, V, sum_itemsize=4, stats_itemsize=4, grad_hidden=True,
+                                   grad_weight=True, grad_bias=False)
+    one_pass = schedule.choose_one_pass([True] * (batch // 2), [sums] * (batch // 2),
+                                        schedule.one_pass_budget(chunk_size, torch.device("cpu")))
+    groups = schedule.plan_passes(schedule.plan_chunks(pair_rows, rows), [seq] * (batch // 2), one_pass,
+                                  schedule.one_pass_block_rows(rows))
     model = memory.chunking(batch, seq, chunk_size, V, 2, hidden=H)
     assert model.rows == max(end - start for g in groups for start, end in g.blocks)
     assert model.count == sum(len(g.blocks) for g in groups)
-    assert model.passes == (2 if any(len(g.blocks) > 1 for g in groups) else 1)
+    assert model.one_pass == any(g.one_pass for g in groups)
+    assert model.passes == (2 if any(len(g.blocks) > 1 and not g.one_pass for g in groups) else 1)
+
+
+def test_one_pass_at_long_context_by_hand():
+    """2×32768: each sequence in four 8192-row blocks; at the pair's end the buffer, two float32 V×H sums,
+    the pair's float32 dX rows, dX and the per-token state; then backward's dW and dX beside the saved ones."""
+    batch, seq = 2, 32768
+    tokens = batch * seq
+    assert memory.chunking(batch, seq, None, V, 2, hidden=H) == memory.Chunking(8192, 8, 1, one_pass=True)
+    pair_end = 8192 * V * 2 + 2 * V * H * 4 + tokens * H * 4 + tokens * H * 2 + tokens * 32
+    backward = V * H * 4 + V * H * 2 + 2 * tokens * H * 2
+    assert sum(memory.peak_bytes("fused", batch, seq, H, V).values()) == max(pair_end, backward)
+    assert memory.peak_gib("fused", batch, seq, H, V) < 12
+    # a chunk size given takes two passes, and so does the lean setting
+    assert memory.chunking(batch, seq, 16384, V, 2, hidden=H).passes == 2
+    assert not any(s["stage"].endswith("(recompute)") for s in memory.stage_costs("fused", batch, seq, H, V))
 
 
 def test_odd_batch_is_rejected():
