@@ -54,8 +54,8 @@ def test_python_versions_agree():
     assert (major, minor) >= tuple(int(v) for v in minimum.split("."))
 
 
-def test_there_are_four_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"]
+def test_there_are_five_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
 
 
 def test_notebooks_are_stripped():

@@ -79,7 +79,7 @@ def row_grads_kernel(
     tl.store(row_ptr + cols, grad.to(out_dtype), mask=in_row)
 
 
-# Chosen from the H200 launch sweeps in figures/data (notebooks/03-kernel-tuning.ipynb).
+# Chosen from the H200 launch sweeps in figures/data (notebooks/04-kernel-tuning.ipynb).
 GRADS_LAUNCH = RowLaunch(block_v=8192, num_warps=16)
 
 

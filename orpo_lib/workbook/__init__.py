@@ -8,6 +8,8 @@ The loss (``orpo_lib`` itself) never imports this package; everything here impor
 * ``measurements`` — reading those records back: tables, ratios, captions.
 * ``memory`` — the analytic model of the bytes each implementation holds.
 * ``derivation`` — the numbers notebook 1 shows (gradients against float64, the stable log(1 - p)).
+* ``kernel_tour`` — notebook 2's toy rows, float64 references, the library's row kernels on them and the
+  chunk plan as data.
 * ``plots``, ``widgets`` — the figures and the ipywidgets views of the notebooks.
 * ``figures`` — rebuilds ``figures/`` from ``figures/data/`` (``make figures``).
 * ``notebooks`` — runs the notebooks headless with papermill (``make notebooks``).

@@ -2,21 +2,36 @@
 
 Each notebook runs with papermill on the ``python3`` kernel into the output folder (never over the
 sources). It receives two parameters: ``output_dir`` for its figures and ``record_path`` for the
-JSON of key values that the tests read.
+JSON of key values that the tests read. The kernel runs with ``widgets.HEADLESS_ENV`` set, so that
+widget views wait for a frontend that never comes instead of drawing (see ``widgets``).
+
+A cell that reaches the cell timeout fails the run with ``CellTimeout``, naming the notebook and the
+cell: nbclient raises for a cell still running then, and a cell whose reply nbclient only noticed at
+the timeout (it then carries on as if nothing happened) is caught from its recorded duration.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import papermill
+from nbclient.exceptions import CellTimeoutError
 
-# A cell that runs longer than this is stuck (the whole workbook takes well under a minute on CPU).
-CELL_TIMEOUT_S = 240
+from .widgets import HEADLESS_ENV
+
+# A cell that runs longer than this is stuck: the slowest cell takes about 20 s on a 2-core CPU.
+CELL_TIMEOUT_S = 120
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+class CellTimeout(RuntimeError):
+    """A cell of a notebook ran into the runner's cell timeout."""
 
 
 def notebook_paths(names: list[str] | None = None) -> list[Path]:
@@ -27,26 +42,65 @@ def notebook_paths(names: list[str] | None = None) -> list[Path]:
     return paths
 
 
-def execute(source: Path, out_dir: Path, parameters: dict | None = None) -> dict:
-    """Run one notebook; returns its output notebook, record file, figure folder and wall time."""
+@contextmanager
+def headless_kernel_env():
+    """``HEADLESS_ENV`` for the kernels started inside (they inherit this process's environment)."""
+    before = os.environ.get(HEADLESS_ENV)
+    os.environ[HEADLESS_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(HEADLESS_ENV)
+        else:
+            os.environ[HEADLESS_ENV] = before
+
+
+def cells_at_timeout(notebook: Path, timeout_s: float) -> list[tuple[int, float, str]]:
+    """(index, seconds, first line) of the code cells of an executed notebook that ran for the timeout."""
+    cells = json.loads(notebook.read_text())["cells"]
+    found = []
+    for index, cell in enumerate(cells):
+        duration = cell.get("metadata", {}).get("papermill", {}).get("duration")
+        if cell["cell_type"] == "code" and duration is not None and duration >= timeout_s:
+            found.append((index, duration, "".join(cell["source"]).splitlines()[0]))
+    return found
+
+
+def execute(source: Path, out_dir: Path, parameters: dict | None = None, cell_timeout_s: float = CELL_TIMEOUT_S) -> dict:
+    """Run one notebook; returns its output notebook, record file, figure folder and wall time.
+    Raises ``CellTimeout`` when a cell reaches ``cell_timeout_s``."""
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = source.stem
     record_file = out_dir / f"{stem}.json"
     record_file.unlink(missing_ok=True)  # records must come from this run
+    output = out_dir / source.name
     params = {"output_dir": str(out_dir / stem), "record_path": str(record_file), **(parameters or {})}
     start = time.perf_counter()
-    papermill.execute_notebook(
-        str(source), str(out_dir / source.name), parameters=params, kernel_name="python3",
-        cwd=str(source.parent), progress_bar=False, execution_timeout=CELL_TIMEOUT_S,
-    )
-    return {"notebook": out_dir / source.name, "record": record_file, "figures": out_dir / stem,
+    try:
+        with headless_kernel_env():
+            papermill.execute_notebook(
+                str(source), str(output), parameters=params, kernel_name="python3",
+                cwd=str(source.parent), progress_bar=False, execution_timeout=cell_timeout_s,
+            )
+    except CellTimeoutError as error:
+        stuck = cells_at_timeout(output, cell_timeout_s) if output.exists() else []
+        where = f"cell {stuck[0][0]} ({stuck[0][2]!r})" if stuck else "a cell"
+        raise CellTimeout(f"{source.name}: {where} ran past the {cell_timeout_s} s cell timeout") from error
+    stuck = cells_at_timeout(output, cell_timeout_s)
+    if stuck:
+        index, seconds, line = stuck[0]
+        raise CellTimeout(f"{source.name}: cell {index} ({line!r}) took {seconds:.1f} s, the whole "
+                          f"{cell_timeout_s} s cell timeout: it stalled")
+    return {"notebook": output, "record": record_file, "figures": out_dir / stem,
             "seconds": time.perf_counter() - start}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="build/notebooks", help="folder for executed notebooks, records and figures")
+    parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds a cell may run (default %(default)s)")
     parser.add_argument("names", nargs="*", help="run only notebooks whose name starts with these (e.g. 01 02)")
     args = parser.parse_args(argv)
     sources = notebook_paths(args.names)
@@ -55,7 +109,11 @@ def main(argv=None) -> int:
         return 1
     total = 0.0
     for source in sources:
-        run = execute(source, Path(args.out))
+        try:
+            run = execute(source, Path(args.out), cell_timeout_s=args.cell_timeout)
+        except CellTimeout as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
         total += run["seconds"]
         print(f"{source.name}: {run['seconds']:.1f} s -> {run['notebook']}")
     print(f"{len(sources)} notebook(s) in {total:.1f} s")

@@ -15,6 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from . import memory
+from .kernel_tour import group_pass
 from .measurements import BenchRecord, floor_mode, provenance_caption, record_caption
 
 STYLE = {
@@ -123,29 +124,109 @@ def memory_scaling(
     return fig
 
 
+def impl_label(impl: str, chunk_rows: int | None = None) -> str:
+    """An implementation's legend label, naming the fused loss's chunk size when one is set."""
+    if impl == "fused" and chunk_rows:
+        return f"fused (at most {chunk_rows}-row blocks)"
+    return STYLE[impl]["label"]
+
+
 def memory_breakdown(batch: int, seq: int, hidden: int, vocab: int, dtype_bytes: int = 2, chunk_rows: int | None = None) -> Figure:
-    """Stacked bars: what is alive at each implementation's peak, its largest part named."""
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    """Stacked bars on a linear axis: the tensors alive at each implementation's peak, one segment each.
+
+    When the largest peak dwarfs the others, a second panel repeats the bars on a scale of the small
+    ones (the large bars run off it, their totals written beside), so that every segment is readable.
+    """
     impls = list(memory.IMPLEMENTATIONS)
-    largest_total = 0.0
-    for i, impl in enumerate(impls):
-        rows = chunk_rows if impl == "fused" else None
-        parts = memory.peak_bytes(impl, batch, seq, hidden, vocab, dtype_bytes, chunk_rows=rows)
-        largest = max(parts, key=parts.get)
-        left = 0.0
-        for size in parts.values():
-            ax.barh(i, size / memory.GIB, left=left, color=STYLE[impl]["color"], edgecolor="white", alpha=0.85)
-            left += size / memory.GIB
-        largest_total = max(largest_total, left)
-        ax.text(left * 1.08, i, f"{left:.2f} GiB  (largest: {largest}, {parts[largest] / memory.GIB:.2f})", va="center", fontsize=7)
-    ax.set_yticks(range(len(impls)), [STYLE[k]["label"] for k in impls], fontsize=8)
-    ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_xlim(0, largest_total * 400)
-    ax.set_xticks([t for t in (0, 1, 10, 100, 1000) if t <= largest_total * 1.5])
-    ax.set_xlabel("GiB alive at the peak, over the inputs (white lines separate tensors)")
-    ax.set_title(f"What is alive at the peak, {_shape_label(batch=batch, seq=seq, hidden=hidden, vocab=vocab)}", fontsize=10)
-    add_caption(fig, MODEL_NOTE)
-    fig.subplots_adjust(left=0.3, right=0.97)
+    parts = {impl: memory.peak_bytes(impl, batch, seq, hidden, vocab, dtype_bytes, chunk_rows=chunk_rows if impl == "fused" else None)
+             for impl in impls}
+    totals = {impl: sum(p.values()) for impl, p in parts.items()}
+    largest = max(totals.values())
+    unit, unit_bytes = next((u, b) for u, b in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if largest >= b or u == "KiB")
+    small = [t / unit_bytes for t in totals.values() if t < largest / 4]
+    limits = [largest / unit_bytes * 1.45] + ([max(small) * 1.6] if small else [])
+    fig, axes = plt.subplots(1, len(limits), figsize=(11 if small else 8, 3.9), sharey=True, squeeze=False)
+    for ax, limit in zip(axes[0], limits):
+        for i, impl in enumerate(impls):
+            left = 0.0
+            for size in parts[impl].values():
+                ax.barh(i, size / unit_bytes, left=left, height=0.5, color=STYLE[impl]["color"], edgecolor="white",
+                        linewidth=1.2, alpha=0.85)
+                left += size / unit_bytes
+            phase = memory.peak_phase(impl, batch, seq, hidden, vocab, dtype_bytes, chunk_rows=chunk_rows if impl == "fused" else None)
+            top = max(parts[impl], key=parts[impl].get)
+            note = f"{left:.2f} {unit} at {phase}; largest: {top}, {parts[impl][top] / unit_bytes:.2f}"
+            ax.text(limit * 0.005, i + 0.4, note + (" (runs off this panel)" if left > limit else ""), ha="left",
+                    va="center", fontsize=6.5)
+        ax.set_xlim(0, limit)
+        ax.set_ylim(-0.5, len(impls) - 0.3)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xlabel(f"{unit} alive at the peak, over the inputs")
+    axes[0][0].set_yticks(range(len(impls)), [textwrap.fill(impl_label(k, chunk_rows), 30) for k in impls], fontsize=8)
+    if small:
+        axes[0][0].set_title("every implementation", fontsize=9)
+        axes[0][1].set_title(f"the same, up to {limits[1]:.3g} {unit}", fontsize=9)
+    dtype = {2: "16-bit", 4: "fp32"}.get(dtype_bytes, f"{dtype_bytes}-byte")
+    fig.suptitle(f"What is alive at the peak ({dtype} inputs; one segment per tensor), "
+                 f"{_shape_label(batch=batch, seq=seq, hidden=hidden, vocab=vocab)}", fontsize=10)
+    add_caption(fig, MODEL_NOTE + "; linear axes, so a segment's width is its size")
+    fig.subplots_adjust(left=0.2 if small else 0.28, right=0.98, wspace=0.06, top=0.84)
+    return fig
+
+
+# How each kind of chunk group is drawn (kernel_tour.group_pass names the kind).
+PASS_STYLE = {
+    "one pass": {"color": "tab:blue", "hatch": None},
+    "two passes": {"color": "tab:orange", "hatch": "//"},
+}
+
+
+def chunk_plan(plan, vocab: int | None = None, dtype_bytes: int = 2) -> Figure:
+    """The rows of a call in the order the loss takes them: one bar per block of logits, coloured by the
+    pass its group takes, each chunk outlined; pair boundaries as ticks; the buffer's height beside it
+    (``kernel_tour.ChunkPlan``)."""
+    total = plan.batch * plan.seq
+    fig, (ax, buffer_ax) = plt.subplots(1, 2, figsize=(9, 3.0), gridspec_kw={"width_ratios": [6, 1]})
+    for i, group in enumerate(plan.groups):
+        style = PASS_STYLE[group_pass(group)]
+        for start, end in group.blocks:
+            ax.barh(0, end - start, left=start, height=0.6, color=style["color"], hatch=style["hatch"],
+                    edgecolor="white", linewidth=1.0)
+        first, last = group.blocks[0][0], group.blocks[-1][1]
+        ax.add_patch(plt.Rectangle((first, -0.3), last - first, 0.6, fill=False, edgecolor="black", linewidth=1.2))
+        if len(plan.groups) <= 12:
+            pairs = (f"pair {group.first_pair}" if group.end_pair - group.first_pair == 1
+                     else f"pairs {group.first_pair}–{group.end_pair - 1}")
+            ax.text((first + last) / 2, 0.4, f"chunk {i}\n{pairs}", ha="center", va="bottom", fontsize=7)
+    pair_rows = 2 * plan.seq
+    if plan.batch // 2 <= 64:
+        ax.set_xticks(range(0, total + 1, pair_rows), minor=True)
+    ax.tick_params(axis="x", which="minor", length=6, color="0.3")
+    ax.set_xlim(0, total)
+    ax.set_ylim(-0.8, 1.0)
+    ax.set_yticks([])
+    ax.set_xlabel(f"token rows in pair order (chosen i, then rejected i; minor ticks: pairs of {pair_rows} rows)")
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=v["color"], hatch=v["hatch"], edgecolor="white", label=k)
+               for k, v in PASS_STYLE.items()]
+    handles.append(plt.Rectangle((0, 0), 1, 1, fill=False, edgecolor="black", label="a chunk (white lines: its blocks)"))
+    ax.legend(handles=handles, fontsize=7, loc="lower center", ncol=len(handles), frameon=False)
+    ax.set_title(f"Chunk plan, B={plan.batch}, T={plan.seq}, at most {plan.chunk_rows} rows per block: "
+                 f"{len(plan.groups)} chunk(s), {plan.blocks} block(s)", fontsize=9)
+    buffer_ax.bar(0, plan.buffer_rows, color="0.5", width=0.6)
+    buffer_ax.axhline(plan.chunk_rows, color="black", linestyle="--", linewidth=0.8)
+    buffer_ax.text(0.45, plan.chunk_rows, "limit", fontsize=7, va="bottom", ha="right")
+    buffer_ax.set_xlim(-0.5, 0.5)
+    buffer_ax.set_ylim(0, max(plan.chunk_rows, plan.buffer_rows) * 1.3)
+    buffer_ax.set_xticks([])
+    buffer_ax.set_ylabel("rows of logits", fontsize=8)
+    label = f"{plan.buffer_rows} rows"
+    if vocab:
+        label += f"\n{plan.buffer_rows * vocab * dtype_bytes / memory.GIB:.2f} GiB"
+    buffer_ax.text(0, plan.buffer_rows / 2, label, ha="center", va="center", fontsize=7, color="white")
+    buffer_ax.set_title("buffer", fontsize=9)
+    add_caption(fig, f"Plan: orpo_lib.schedule.plan_chunks, every token counted; row limit {plan.chunk_rows}, "
+                     f"{plan.limit_source}")
+    fig.subplots_adjust(wspace=0.25, top=0.85)
     return fig
 
 

@@ -4,10 +4,19 @@ Each view is a plain function: a notebook cell calls it once with the parameters
 result is in the executed notebook), then ``interactive_view`` wraps the same function in
 controls with ``continuous_update=False``. Views return what they showed, so tests can call them
 directly. GPU work only ever starts from a button.
+
+Run headless (``HEADLESS_ENV`` set, as ``orpo_lib.workbook.notebooks`` does), a view waits for its
+controls to move instead of drawing at once: there is no frontend, and nbclient's stand-in for the
+Output widget answers every output routed to it with a message on the kernel's shell socket, the
+socket on which it is waiting for the cell's reply. When that message crosses the reply, nbclient
+does not see the reply until the cell's timeout runs out (it then finds it and carries on), so a
+cell of a few tenths of a second took the whole timeout in 3 of 9 runs of notebook 5 here (0 of 14
+headless).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import ipywidgets as widgets
@@ -15,10 +24,11 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import display
 
-from . import memory, plots
+from . import kernel_tour, memory, plots
 from .measurements import (H200_ANCHORS, NO_RECORD_MESSAGE, batch_scaling_rows, format_table, latest_bench_record,
                            record_caption)
 
+HEADLESS_ENV = "ORPO_WORKBOOK_HEADLESS"
 POWERS_OF_TWO = [2**k for k in range(1, 8)]
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -140,14 +150,26 @@ def shape_controls(batch: int, seq: int, hidden: int, vocab: int) -> dict:
     }
 
 
+def headless() -> bool:
+    """Whether the notebook runs without a frontend (see the module's docstring)."""
+    return os.environ.get(HEADLESS_ENV, "") == "1"
+
+
 def interactive_view(view, controls: dict, fixed: dict | None = None) -> widgets.VBox:
-    """Controls above an output area that re-runs ``view(**values)`` when a control is released."""
+    """Controls above an output area that re-runs ``view(**values)`` when a control is released; it draws
+    at once unless headless."""
     fixed = fixed or {}
+    output = widgets.Output()
 
-    def run(**values):
-        return view(**values, **fixed)
+    def run(_change=None):
+        with output:
+            output.clear_output(wait=True)
+            view(**{name: control.value for name, control in controls.items()}, **fixed)
 
-    output = widgets.interactive_output(run, controls)
+    for control in controls.values():
+        control.observe(run, "value")
+    if not headless():
+        run()
     return widgets.VBox([widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap")), output])
 
 
@@ -170,6 +192,27 @@ def batch_scaling_explorer(seq: int, hidden: int, vocab: int, mode: str = "full"
         "mode": widgets.ToggleButtons(options=["full", "forward", "eval"], value=mode, description="mode"),
     }
     return interactive_view(show_batch_scaling, controls)
+
+
+def show_chunk_plan(batch: int, seq: int, chunk_rows: int = 0, hidden: int = 4096, vocab: int = 128256,
+                    output_dir: str | Path | None = None) -> kernel_tour.ChunkPlan:
+    """Table and drawing of the library's chunk plan (``chunk_rows=0``: its default for the shape)."""
+    plan = kernel_tour.chunk_plan(batch, seq, chunk_rows, hidden, vocab)
+    print(f"B={batch} T={seq} H={hidden} V={vocab}, at most {plan.chunk_rows} rows per block: "
+          f"{len(plan.groups)} chunk(s), {plan.blocks} block(s), buffer of {plan.buffer_rows} rows")
+    print(format_table(kernel_tour.plan_rows(plan), ["group", "pairs", "rows", "blocks", "block_rows", "pass"]))
+    _show(plots.chunk_plan(plan, vocab), output_dir, "chunk-plan")
+    return plan
+
+
+def chunk_plan_explorer(batch: int, seq: int, chunk_rows: int = 0, hidden: int = 4096, vocab: int = 128256) -> widgets.VBox:
+    """``show_chunk_plan`` under batch, sequence and chunk-size controls."""
+    controls = {
+        "batch": int_slider("batch B", batch, POWERS_OF_TWO),
+        "seq": int_slider("seq T", seq, [2**k for k in range(6, 16)]),
+        "chunk_rows": int_slider("chunk rows (0: default)", chunk_rows, [0, 256, 1024, 2048, 4096, 8192, 16384]),
+    }
+    return interactive_view(show_chunk_plan, controls, fixed={"hidden": hidden, "vocab": vocab})
 
 
 def gpu_button(description: str, run, *, output_dir: str | Path | None = None) -> widgets.VBox:

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
-EXPECTED_NOTEBOOKS = 4
+EXPECTED_NOTEBOOKS = 5
 RUN_ALL_TIMEOUT_S = 480
 
 # orpo_lib.workbook.widgets.memory_explorer: its shape controls (description labels) and the header line

@@ -28,7 +28,7 @@ def _record(runs, stem):
     return load_record(runs[stem]["record"])
 
 
-@pytest.mark.parametrize("stem", ["01-derivation", "02-memory", "03-kernel-tuning", "04-batch-scaling"])
+@pytest.mark.parametrize("stem", ["01-derivation", "02-kernels", "03-memory", "04-kernel-tuning", "05-batch-scaling"])
 def test_ran_without_errors_and_saved_figures(runs, stem):
     nb = json.loads(Path(runs[stem]["notebook"]).read_text())
     outputs = [o for c in nb["cells"] for o in c.get("outputs", [])]
@@ -56,8 +56,44 @@ def test_derivation_margin_grows(runs):
     assert r["last_accuracy"] == 1.0
 
 
+def test_kernels_notebook_toy_kernels_against_float64(runs):
+    r = _record(runs, "02-kernels")
+    assert r["toy_stats_lse_error"] < 1e-6 and r["toy_stats_logp_error"] < 1e-5
+    assert r["toy_grads_error"] < 1e-6
+    # the near-certain row: the float32 textbook log p and the toy's target column cancel to 0, and even
+    # float64 log_softmax keeps only a few digits, while the kernel's form keeps float32 precision
+    assert r["float32_textbook_near_certain_error"] == 1.0 and r["toy_grads_near_certain_target_error"] == 1.0
+    assert r["float64_log_softmax_logp_error"] > 100 * r["toy_stats_logp_error"]
+
+
+def test_kernels_notebook_library_kernels_against_float64(runs):
+    r = _record(runs, "02-kernels")
+    assert max(r["library_stats_lse_error"], r["library_stats_logp_error"], r["library_stats_nll_logp_error"]) < 1e-5
+    assert r["library_grads_error"] < 1e-6
+    assert r["library_grads_near_certain_target_error"] < 1e-4  # expm1(log p): no cancellation
+    # two reads and one write of each bf16 logit, the row-kernel stage of the roofline (3 × logits × 2 bytes)
+    assert r["bytes_per_logit"] == {"row_stats_kernel": 2, "row_grads_kernel": 4}
+    (row_stage,) = [s for s in memory.stage_costs("fused", 2, 64, 8, 100) if s["stage"].startswith("row kernels")]
+    assert row_stage["bytes"] == sum(r["bytes_per_logit"].values()) * 2 * 64 * 100
+
+
+def test_kernels_notebook_chunk_plan(runs):
+    r = _record(runs, "02-kernels")
+    plan = r["plan"]
+    assert (plan["batch"], plan["seq"], plan["chunk_rows"]) == (8, 3072, 4096)
+    # a 6144-row pair in blocks of at most 4096 rows: two of 3072 each, two passes, one pair per chunk
+    assert (plan["chunks"], plan["blocks"], plan["buffer_rows"], plan["passes"]) == (4, 8, 3072, ["two passes"])
+    chunk = memory.chunking(8, 3072, 4096)
+    assert (chunk.count, chunk.rows, chunk.passes) == (plan["blocks"], plan["buffer_rows"], 2)
+    for row in r["default_plans"]:
+        model = memory.chunking(row["batch"], row["seq"], None, 128256, hidden=4096)
+        assert (row["blocks"], row["buffer_rows"]) == (model.count, model.rows)
+        assert row["passes"] == ("two passes" if model.passes == 2 else "one pass")
+    assert [row["chunks"] for row in r["default_plans"]] == [1, 1, 4, 1]
+
+
 def test_memory_notebook_matches_hand_formulas(runs):
-    r = _record(runs, "02-memory")
+    r = _record(runs, "03-memory")
     s = r["shape"]
     b, t, h, v = s["batch"], s["seq"], s["hidden"], s["vocab"]
     tokens = b * t
@@ -75,7 +111,7 @@ def test_memory_notebook_matches_hand_formulas(runs):
 
 
 def test_memory_notebook_states_model_error_against_the_record(runs):
-    r = _record(runs, "02-memory")
+    r = _record(runs, "03-memory")
     record = latest_bench_record()
     assert r["bench_record"] == record.source
     rows = memory.model_vs_measured(record)
@@ -95,7 +131,7 @@ def test_memory_notebook_states_model_error_against_the_record(runs):
 
 
 def test_kernel_tuning_prediction_and_recorded_sweeps(runs):
-    r = _record(runs, "03-kernel-tuning")
+    r = _record(runs, "04-kernel-tuning")
     assert 1.0 < r["fused_over_floor_predicted"] < 1.1 < r["baseline_over_floor_predicted"]
     record = latest_bench_record()
     assert r["chunk_sweep_points"] == len(record.sweeps["chunk"]) == 10
@@ -110,7 +146,7 @@ def test_kernel_tuning_prediction_and_recorded_sweeps(runs):
 
 
 def test_kernel_tuning_profile_accuracy_and_findings(runs):
-    r = _record(runs, "03-kernel-tuning")
+    r = _record(runs, "04-kernel-tuning")
     record = latest_bench_record()
     by_kind = r["profile_ms_by_kind"]
     assert sum(by_kind.values()) == pytest.approx(sum(p["device_ms"] for p in record.sweeps["profile"]))
@@ -128,7 +164,7 @@ def test_kernel_tuning_profile_accuracy_and_findings(runs):
 
 
 def test_batch_scaling_reads_the_record(runs):
-    r = _record(runs, "04-batch-scaling")
+    r = _record(runs, "05-batch-scaling")
     record = latest_bench_record()
     assert r["bench_record"] == record.source
     workload = {"seq": 1024, "hidden": 4096, "vocab": 128256, "mask": "none"}
@@ -145,7 +181,7 @@ def test_batch_scaling_against_the_targets(runs):
     """The notebook's summary is the record's: each ratio to the floor of the same run, and the workloads
     within 1.05 at two decimals; every seed workload within 1.2× the floor (forward+backward and no-grad),
     the lean setting slower than the default, and the masked step below 0.6× the unmasked floor."""
-    r = _record(runs, "04-batch-scaling")
+    r = _record(runs, "05-batch-scaling")
     record = latest_bench_record()
     summary = {(row["provider"], row["mode"]): row for row in r["floor_ratio_summary"]}
     for (provider, mode), row in summary.items():

@@ -5,7 +5,7 @@ import json
 import ipywidgets
 import pytest
 
-from orpo_lib.workbook import memory, widgets
+from orpo_lib.workbook import memory, plots, widgets
 
 
 @pytest.fixture
@@ -151,3 +151,40 @@ def test_format_bytes():
     assert widgets.format_bytes(512) == "512 B"
     assert widgets.format_bytes(3 * 2**20) == "3.00 MiB"
     assert widgets.format_bytes(110 * 2**30) == "110.00 GiB"
+
+
+def test_interactive_view_waits_for_a_control_when_headless(monkeypatch):
+    """Without a frontend nothing is drawn into the Output widget (see widgets' docstring) until a control moves."""
+    monkeypatch.setenv(widgets.HEADLESS_ENV, "1")
+    calls = []
+    slider = widgets.int_slider("x", 4, [2, 4, 8])
+    box = widgets.interactive_view(lambda x: calls.append(x), {"x": slider})
+    assert calls == [] and box.children[1].outputs == ()
+    slider.value = 8
+    assert calls == [8]
+
+
+def test_show_chunk_plan_prints_the_plan_and_saves_the_figure(tmp_path, capsys):
+    plan = widgets.show_chunk_plan(8, 3072, 4096, output_dir=tmp_path)
+    assert (len(plan.groups), plan.blocks, plan.buffer_rows) == (4, 8, 3072)
+    text = capsys.readouterr().out
+    assert "at most 4096 rows per block: 4 chunk(s), 8 block(s), buffer of 3072 rows" in text and "two passes" in text
+    svg = (tmp_path / "chunk-plan.svg").read_text()
+    assert "B=8, T=3072" in svg and "row limit 4096, given" in svg
+
+
+def test_chunk_plan_explorer_controls():
+    box = widgets.chunk_plan_explorer(8, 1024)
+    controls = {c.description: c for c in _controls(box)}
+    assert list(controls) == ["batch B", "seq T", "chunk rows (0: default)"]
+    assert all(c.continuous_update is False for c in controls.values())
+    controls["seq T"].value = 4096  # the callback re-runs show_chunk_plan without error
+
+
+def test_memory_breakdown_is_linear_and_labels_the_chunk_setting(tmp_path):
+    fig = plots.memory_breakdown(16, 4096, 4096, 128256, chunk_rows=1024)
+    assert all(ax.get_xscale() == "linear" for ax in fig.axes)
+    labels = [t.get_text().replace("\n", " ") for t in fig.axes[0].get_yticklabels()]
+    assert "fused (at most 1024-row blocks)" in labels
+    plots.save_figure(fig, tmp_path, "breakdown")
+    assert "linear axes" in (tmp_path / "breakdown.svg").read_text()
