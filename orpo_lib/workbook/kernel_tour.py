@@ -152,6 +152,8 @@ def bytes_moved(itemsize: int = 2, stats_itemsize: int = 4) -> list[dict]:
 
 def group_pass(group: schedule.ChunkGroup) -> str:
     """How a group goes through the buffer; the drawing styles each kind (``plots.PASS_STYLE``)."""
+    if group.one_pass:
+        return "one pass, per sequence"
     return "one pass" if len(group.blocks) == 1 else "two passes"
 
 
@@ -183,7 +185,14 @@ def chunk_plan(batch: int, seq: int, chunk_rows: int = 0, hidden: int = 4096, vo
         raise ValueError(f"batch must be even (chosen half, rejected half), got {batch}")
     limit = chunk_row_limit(batch, seq, chunk_rows or None, vocab, dtype_bytes, hidden)
     source = "given" if chunk_rows else f"the library's default at H={hidden}, V={vocab}, {dtype_bytes}-byte logits"
-    return ChunkPlan(batch, seq, limit, source, schedule.plan_chunks([2 * seq] * (batch // 2), limit))
+    pairs, cpu = batch // 2, torch.device("cpu")
+    groups = schedule.plan_chunks([2 * seq] * pairs, limit)
+    if not chunk_rows:  # the automatic chunk size: a long pair takes one pass where its sums fit the budget
+        sums = schedule.one_pass_bytes(2 * seq, hidden, vocab, sum_itemsize=4, stats_itemsize=4, grad_hidden=True,
+                                       grad_weight=True, grad_bias=False)
+        one_pass = schedule.choose_one_pass([True] * pairs, [sums] * pairs, schedule.one_pass_budget(None, cpu))
+        groups = schedule.plan_passes(groups, [seq] * pairs, one_pass, schedule.one_pass_block_rows(limit))
+    return ChunkPlan(batch, seq, limit, source, groups)
 
 
 def plan_rows(plan: ChunkPlan) -> list[dict]:

@@ -178,6 +178,7 @@ def memory_breakdown(batch: int, seq: int, hidden: int, vocab: int, dtype_bytes:
 PASS_STYLE = {
     "one pass": {"color": "tab:blue", "hatch": None},
     "two passes": {"color": "tab:orange", "hatch": "//"},
+    "one pass, per sequence": {"color": "tab:green", "hatch": ".."},
 }
 
 
