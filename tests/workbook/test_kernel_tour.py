@@ -23,13 +23,16 @@ def test_chunk_plan_agrees_with_the_memory_model(batch, seq, chunk_rows):
     plan = kernel_tour.chunk_plan(batch, seq, chunk_rows)
     model = memory.chunking(batch, seq, chunk_rows or None, 128256, hidden=4096)
     assert (plan.blocks, plan.buffer_rows) == (model.count, model.rows)
-    assert {kernel_tour.group_pass(g) for g in plan.groups} == {"two passes" if model.passes == 2 else "one pass"}
+    kind = "one pass, per sequence" if model.one_pass else "two passes" if model.passes == 2 else "one pass"
+    assert {kernel_tour.group_pass(g) for g in plan.groups} == {kind}
 
 
 def test_group_pass_names_a_style_for_every_kind():
     one, two = schedule.ChunkGroup(0, 1, [(0, 8)]), schedule.ChunkGroup(0, 1, [(0, 4), (4, 8)])
-    assert [kernel_tour.group_pass(g) for g in (one, two)] == ["one pass", "two passes"]
-    assert set(plots.PASS_STYLE) == {"one pass", "two passes"}
+    per_sequence = schedule.ChunkGroup(0, 1, [(0, 4), (4, 8)], rejected_start=4)
+    kinds = [kernel_tour.group_pass(g) for g in (one, two, per_sequence)]
+    assert kinds == ["one pass", "two passes", "one pass, per sequence"]
+    assert set(plots.PASS_STYLE) == set(kinds)
 
 
 def test_references_are_exact_where_torch_cancels():

@@ -88,7 +88,8 @@ def test_kernels_notebook_chunk_plan(runs):
     for row in r["default_plans"]:
         model = memory.chunking(row["batch"], row["seq"], None, 128256, hidden=4096)
         assert (row["blocks"], row["buffer_rows"]) == (model.count, model.rows)
-        assert row["passes"] == ("two passes" if model.passes == 2 else "one pass")
+        assert row["passes"] == ("one pass, per sequence" if model.one_pass else
+                                 "two passes" if model.passes == 2 else "one pass")
     assert [row["chunks"] for row in r["default_plans"]] == [1, 1, 4, 1]
 
 
