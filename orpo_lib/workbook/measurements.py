@@ -260,8 +260,14 @@ def sweep_shape(record: "BenchRecord", sweep: str) -> dict | None:
 
 # Side-by-side run on one H200 of the floor GEMMs, the seed benchmark's TRL-style baseline ("seed_baseline")
 # and Liger's ORPO loss; and the seed record, Liger's ORPO benchmark script on an A100, forward only.
-H200_ANCHORS = load_bench_record(DATA_DIR / "anchors-2026-12-02-h200.json")
-SEED_A100_FORWARD = load_bench_record(DATA_DIR / "anchors-2024-a100-forward.json")
+def _anchor_record(name: str) -> BenchRecord:
+    """A record in ``figures/data``, or an empty one where the package runs without the repository's data."""
+    path = DATA_DIR / name
+    return load_bench_record(path) if path.exists() else BenchRecord({}, [], source=f"{name} (not found)")
+
+
+H200_ANCHORS = _anchor_record("anchors-2026-12-02-h200.json")
+SEED_A100_FORWARD = _anchor_record("anchors-2024-a100-forward.json")
 
 
 def format_table(rows: list[dict], columns: list[str], formats: dict | None = None) -> str:

@@ -1,6 +1,11 @@
 """`python -m orpo_lib.workbook.figures`: model figures always, measured figures only from a record, provenance on each."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +109,12 @@ def test_a_gpu_record_wins_over_a_newer_cpu_record(synthetic_record):
     cpu = {"provenance": {**PROVENANCE, "gpu": "CPU (x86_64)", "date": "2099-01-01"}, "results": [], "sweeps": {}}
     (synthetic_record / "bench-2099-01-01-cpu.json").write_text(json.dumps(cpu))
     assert measurements.latest_bench_record(synthetic_record).provenance["gpu"] == "Test GPU X1"
+
+
+def test_the_workbook_imports_without_the_repositorys_data(tmp_path):
+    """A copy of the package with no figures/data beside it (as installed): the anchors are empty records."""
+    shutil.copytree(Path(measurements.__file__).parents[1], tmp_path / "orpo_lib",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import orpo_lib.workbook.measurements as m; "
+            "assert m.H200_ANCHORS.results == [] and 'not found' in m.H200_ANCHORS.source, m.H200_ANCHORS")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
