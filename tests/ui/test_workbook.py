@@ -25,6 +25,8 @@ MEMORY_CHUNK_CONTROL = "chunk rows (0: default)"
 SCALING_CONTROLS = {"batch": "batch B ≤", "seq": "seq T", "hidden": "hidden H", "vocab": "vocab V"}
 SCALING_MODE_CONTROL = "mode"
 SCALING_MEASURED_TITLE = "Measured ("
+# orpo_lib.workbook.widgets.chunk_plan_explorer (H=4096, V=128256): its header line and plan table.
+PLAN_CONTROLS = {"batch": "batch B", "seq": "seq T", "chunk_rows": "chunk rows (0: default)"}
 
 
 def test_workbook_has_its_notebooks():
@@ -48,6 +50,8 @@ def test_notebook_in_jupyterlab(open_notebook, name):
         check_memory_explorer(notebook)
     if "batch-scaling" in name:
         check_batch_scaling_explorer(notebook)
+    if "kernels" in name:
+        check_chunk_plan_explorer(notebook)
 
     after_widgets = notebook.report()
     assert after_widgets.errors == [], "the widgets produced error outputs"
@@ -194,3 +198,37 @@ def check_batch_scaling_explorer(notebook):
         assert len(figures) == 1 and figures != before, f"figure not redrawn for {key}={value}"
     cell = notebook.cell_index(SCALING_CONTROLS["batch"])
     assert [f for f in notebook.figures() if f["cell"] == cell and f["width"] > 50]
+
+
+def check_plan_view(notebook, shape: dict) -> str:
+    """The header and the plan table follow the library's schedule (orpo_lib.workbook.kernel_tour)."""
+    from lab_driver import text_table
+
+    from orpo_lib.workbook import kernel_tour
+
+    text = notebook.output_text(PLAN_CONTROLS["batch"])
+    plan = kernel_tour.chunk_plan(shape["batch"], shape["seq"], shape["chunk_rows"])
+    header = (f"B={shape['batch']} T={shape['seq']} H=4096 V=128256, at most {plan.chunk_rows} rows per block: "
+              f"{len(plan.groups)} chunk(s), {plan.blocks} block(s), buffer of {plan.buffer_rows} rows")
+    assert header in text, f"expected {header!r} in the view:\n{text}"
+    shown = text_table(text.partition(header)[2])
+    expected = kernel_tour.plan_rows(plan)
+    assert [(int(r["blocks"]), r["pass"]) for r in shown] == [(r["blocks"], r["pass"]) for r in expected], text
+    return text
+
+
+def check_chunk_plan_explorer(notebook):
+    """Move the sequence length (long enough for pairs to be split), then the chunk size: the plan follows
+    the library's each time and its drawing is redrawn."""
+    shape = {key: int(notebook.widget_value(label)) for key, label in PLAN_CONTROLS.items()}
+    text = check_plan_view(notebook, shape)
+    figures = notebook.output_images(PLAN_CONTROLS["batch"])
+    assert len(figures) == 1, "the chunk-plan view shows one drawing"
+    for key, value in (("seq", 32768), ("chunk_rows", 0 if shape["chunk_rows"] else 4096)):
+        shape[key] = value
+        notebook.set_widget(PLAN_CONTROLS[key], value)
+        notebook.wait_for_output_change(PLAN_CONTROLS["batch"], text)
+        before, text = text, check_plan_view(notebook, shape)
+        assert text != before
+        before, figures = figures, notebook.output_images(PLAN_CONTROLS["batch"])
+        assert len(figures) == 1 and figures != before, f"drawing not redrawn for {key}={value}"
