@@ -14,12 +14,15 @@ How one block of C token rows is processed (G is dL/dlogits, P the softmax, X th
    baseline would, rounded once to the input dtype.
 
 A pair longer than a chunk is split into blocks (``schedule.plan_passes`` decides how). In one pass,
-where every token's NLL id is its target id (or there is no NLL term), G = c·U on each sequence's rows,
-with U = d log p(y) / dlogits = onehot(y) - P and one coefficient c per sequence (a, plus b on the
-chosen one). Each block then goes through steps 1, 2 and 4 with c = 1, and its GEMMs at once, into
-``PairSums``: Q = U·W in float32 for its rows and, per sequence, Σ Uᵀ·X and Σ U. At the pair's end step
-3 gives the two coefficients, and dX = c·Q (rounded once), dW += c_c·Σ_c + c_r·Σ_r. Otherwise the pair
-takes two passes: steps 1 and 2 for every block, then 3, then each block's logits again for 4 and 5.
+where every token the odds ratio counts has its target id as NLL id (or there is no NLL term), G = c·U
+on each sequence's response rows, with U = d log p(y) / dlogits = onehot(y) - P and one coefficient c
+per sequence (a, plus b on the chosen one). Each such block goes through steps 1, 2 and 4 with c = 1, and
+its GEMMs at once, into ``PairSums``: Q = U·W in float32 for its rows and, per sequence, Σ Uᵀ·X and Σ U.
+The chosen sequence's NLL-only rows (TRL's prompt: the odds ratio ignores them), which come before its
+response rows, have G = b·(onehot(y') - P) with b = -1/N known before any GEMM: their blocks go through
+steps 1, 2, 4 and 5 at once, into the call's sums. At the pair's end step 3 gives the two coefficients,
+and dX = c·Q (rounded once), dW += c_c·Σ_c + c_r·Σ_r. Otherwise the pair takes two passes: steps 1 and 2
+for every block, then 3, then each block's logits again for 4 and 5.
 
 ``forward`` returns the loss terms and what backward needs. With several blocks, that is the unscaled
 sums dX, dW and dbias, which ``backward`` multiplies by the upstream gradient into new tensors. With one
@@ -128,14 +131,15 @@ def gradient_groups(hidden, vocab: int, counts: TokenCounts, opts: Options, pair
     """Whole pairs in chunks of ``chunk_rows``; a pair longer than that in one pass where it can, else in two."""
     size = hidden.shape[2]
     sum_itemsize = dw_sum_dtype(hidden.dtype, opts.fp32_weight_grad).itemsize
-    pair_bytes = [schedule.one_pass_bytes(rows, size, vocab, sum_itemsize=sum_itemsize,
+    nll_only_rows = counts.nll_only_per_seq[: len(pair_rows)]  # the chosen sequences' (the rejected have none)
+    pair_bytes = [schedule.one_pass_bytes(rows, size, vocab, nll_only_rows=nll_only, sum_itemsize=sum_itemsize,
                                           stats_itemsize=stats_dtype(hidden.dtype).itemsize,
                                           grad_hidden=opts.grad_hidden, grad_weight=opts.grad_weight,
-                                          grad_bias=opts.grad_bias) for rows in pair_rows]
-    one_pass = schedule.choose_one_pass(schedule.eligible_pairs(counts.nll_mismatches), pair_bytes,
+                                          grad_bias=opts.grad_bias) for rows, nll_only in zip(pair_rows, nll_only_rows)]
+    one_pass = schedule.choose_one_pass(schedule.eligible_pairs(counts.one_pass_blockers), pair_bytes,
                                         schedule.one_pass_budget(opts.chunk_size, hidden.device))
     chosen_rows = counts.kept_per_seq[: len(pair_rows)]  # a pair's chosen rows come first in either row order
-    return schedule.plan_passes(schedule.plan_chunks(pair_rows, chunk_rows), chosen_rows, one_pass,
+    return schedule.plan_passes(schedule.plan_chunks(pair_rows, chunk_rows), chosen_rows, nll_only_rows, one_pass,
                                 schedule.one_pass_block_rows(chunk_rows))
 
 
@@ -345,30 +349,36 @@ def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) ->
 
 @dataclass
 class PairSums:
-    """The gradient GEMMs of a pair in one pass, before its two coefficients (None: not needed)."""
+    """The gradient GEMMs of a pair's response rows in one pass, before its two coefficients (None: not needed)."""
 
-    dx_rows: torch.Tensor | None  # (pair rows, H) Q = U·W of each row, in the statistics dtype
+    dx_rows: torch.Tensor | None  # (response rows, H) Q = U·W of each row, in the statistics dtype
     dw: list  # [chosen, rejected] (V, H) Σ Uᵀ·X in the dW sum dtype, each made by its sequence's first block
     db: torch.Tensor | None  # (2, V) Σ U of the chosen and of the rejected sequence
 
 
 def new_pair_sums(call: Call, group, sums: GradSums) -> PairSums:
-    start, end = group.blocks[0][0], group.blocks[-1][1]
+    rows, size = group.blocks[-1][1] - group.response_start, call.hidden.shape[2]
     dtype, device = call.stats.lse.dtype, call.hidden.device
-    dx_rows = torch.empty(end - start, call.hidden.shape[2], device=device, dtype=dtype) if sums.dx is not None else None
+    dx_rows = torch.empty(rows, size, device=device, dtype=dtype) if sums.dx is not None else None
     db = torch.zeros(2, call.weight.shape[0], device=device, dtype=dtype) if sums.db is not None else None
     return PairSums(dx_rows, [None, None], db)
 
 
 def one_pass(call: Call, group, sums: GradSums, ready: Block | None) -> None:
-    """One pair, each block once: its rows become U = d log p(y) / dlogits, whose GEMMs add to the pair's
-    sums at once; the pair's coefficients, known after its last block, then scale the sums into ``sums``."""
+    """One pair, each block once. The NLL-only rows, first, become their final G (the NLL's coefficient is
+    known), whose GEMMs add to ``sums`` at once; the response rows become U = d log p(y) / dlogits, whose
+    GEMMs add to the pair's sums; the pair's coefficients, known after its last block, then scale those
+    into ``sums``."""
     pair = new_pair_sums(call, group, sums)
     for span in group.blocks:
         block = block_at(call, span, ready)
         row_stats(block, call.stats)
-        kernels.row_logp_grads(block.logits, block.target, block.tokens, call.stats.logp, call.stats.lse)
-        add_to_pair_sums(pair, block, group, call.weight, sums.dw_dtype)
+        if span[0] < group.response_start:  # no odds-ratio target: row_grads needs no sequence coefficient yet
+            row_grads(block, call.stats, call.nll_tokens, call.seq)
+            add_block_grads(sums, block, call.weight, call.plan.token_order)
+        else:
+            kernels.row_logp_grads(block.logits, block.target, block.tokens, call.stats.logp, call.stats.lse)
+            add_to_pair_sums(pair, block, group, call.weight, sums.dw_dtype)
     group_pair_terms(call, group)
     add_pair_sums(sums, pair, pair_scales(call, group.first_pair), call, group)
 
@@ -377,7 +387,7 @@ def add_to_pair_sums(pair: PairSums, block: Block, group, weight, dw_dtype) -> N
     """A block's GEMMs on U, into its rows of Q and its sequence's sums (no block straddles the two)."""
     grad, side = block.logits, int(block.span[0] >= group.rejected_start)
     if pair.dx_rows is not None:
-        first = group.blocks[0][0]
+        first = group.response_start
         mm_into(pair.dx_rows[block.span[0] - first:block.span[1] - first], grad, weight)
     if dw_dtype is not None:
         if pair.dw[side] is None:
@@ -404,7 +414,8 @@ def add_pair_sums(sums: GradSums, pair: PairSums, scales, call: Call, group) -> 
         add_pair_dx(sums.dx, pair.dx_rows, scales, call, group)
     if sums.dw_dtype is not None:
         chosen, rejected = pair.dw
-        if sums.dw is None:  # the first dW sum of the call takes the place of the chosen sequence's
+        # the call's first dW sum (no earlier pair's, no NLL-only block's) takes the place of the chosen sequence's
+        if sums.dw is None:
             sums.dw = kernels.pair_sum(chosen, rejected, scales, out=chosen, accumulate=False)
         else:
             kernels.pair_sum(chosen, rejected, scales, out=sums.dw, accumulate=True)
@@ -414,7 +425,7 @@ def add_pair_sums(sums: GradSums, pair: PairSums, scales, call: Call, group) -> 
 
 def add_pair_dx(dx, dx_rows, scales, call: Call, group) -> None:
     """Each row of Q times its sequence's coefficient, rounded once into dX's dtype and rows."""
-    start, end = group.blocks[0][0], group.blocks[-1][1]
+    start, end = group.response_start, group.blocks[-1][1]
     chosen = group.rejected_start - start
     out = dx[start:end] if call.plan.token_order else dx.new_empty(end - start, dx.shape[1])
     kernels.scale(dx_rows[:chosen], scales[0], out=out[:chosen])

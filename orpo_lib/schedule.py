@@ -4,13 +4,16 @@ Pure functions of shapes, options and the per-sequence token counts (the free-me
 ``plan_chunks`` packs whole (chosen, rejected) pairs into chunks, because a token's gradient depends on
 its pair; a pair longer than a chunk is split into blocks, and ``plan_passes`` decides how it is done:
 
-* one pass, where the pair's gradient of the logits is one coefficient per sequence times
-  d log p(y) / dlogits (``eligible_pairs``) and the per-sequence sums fit the memory budget
-  (``one_pass_bytes``, ``one_pass_budget``): each block's logits are computed once, its gradient GEMMs
-  accumulate per sequence, and the pair's two coefficients scale the sums at its end. Its blocks (at
-  most ``one_pass_block_rows``) never straddle the chosen/rejected boundary.
-* two passes otherwise (an NLL target that differs from the target, or too little memory): statistics
-  of every block, then each block's logits again for its gradient, in blocks as large as the chunk.
+* one pass, where every row's gradient of the logits is either known before any GEMM (the chosen
+  sequence's NLL-only rows, which come first) or one coefficient per sequence times
+  d log p(y) / dlogits (``eligible_pairs``), and the sums fit the memory budget (``one_pass_bytes``,
+  ``one_pass_budget``): each block's logits are computed once; an NLL-only block's GEMMs add to the
+  call's gradients at once, the others' to per-sequence sums, which the pair's two coefficients scale at
+  its end. Its blocks (at most ``one_pass_block_rows``) never straddle the NLL-only/response or the
+  chosen/rejected boundary.
+* two passes otherwise (a token the odds ratio counts with another NLL id, or an NLL-only token after
+  the response starts, or too little memory): statistics of every block, then each block's logits again
+  for its gradient, in blocks as large as the chunk.
 
 ``single_block`` decides from shapes alone whether every row fits in one block, whose gradient GEMMs
 then wait for backward.
@@ -40,6 +43,9 @@ class ChunkGroup:
     end_pair: int
     blocks: list  # (start_row, end_row) ranges; more than one: a single pair, in one pass or two
     rejected_start: int | None = None  # one pass: the rejected sequence's first row; None: one block or two passes
+    # one pass: the chosen sequence's first row that the odds ratio counts; the rows before it, from
+    # blocks[0][0], count for the NLL alone (TRL's prompt)
+    response_start: int | None = None
 
     @property
     def one_pass(self) -> bool:
@@ -70,24 +76,29 @@ def split_rows(start: int, end: int, max_rows: int) -> list:
     return [(r, min(r + block_rows, end)) for r in range(start, end, block_rows)]
 
 
-def eligible_pairs(nll_mismatches: list) -> list:
-    """Which pairs can take one pass: those whose chosen rows have no token whose NLL id differs from its
-    target id (``nll_mismatches``, per sequence, from the label check; 0 without the NLL term).
+def eligible_pairs(one_pass_blockers: list) -> list:
+    """Which pairs can take one pass: those whose chosen sequence has no one-pass blocker (per sequence,
+    from the label check; 0 without the NLL term): no token that the odds ratio counts with another NLL id
+    (or none), and no NLL-only token after one that the odds ratio counts.
 
-    Then G = a·m·(onehot(y) - P) + b·n·(onehot(y) - P) with n = m on the chosen rows and n = 0 on the
-    rejected ones: one coefficient per sequence (a + b, or a) times d log p(y) / dlogits.
+    With a = dL/dlogp of the sequence's odds-ratio tokens and b = -1/N of its NLL tokens, the chosen rows
+    are then NLL-only ones, G = b·(onehot(y') - P), known before any GEMM, followed by G = (a + b)·U, and
+    the rejected ones G = a·U, where U = m·(onehot(y) - P) = d log p(y) / dlogits.
     """
-    pairs = len(nll_mismatches) // 2
-    return [mismatches == 0 for mismatches in nll_mismatches[:pairs]]
+    pairs = len(one_pass_blockers) // 2
+    return [blockers == 0 for blockers in one_pass_blockers[:pairs]]
 
 
-def one_pass_bytes(pair_rows: int, hidden_size: int, vocab: int, *, sum_itemsize: int, stats_itemsize: int,
-                   grad_hidden: bool, grad_weight: bool, grad_bias: bool) -> int:
+def one_pass_bytes(pair_rows: int, hidden_size: int, vocab: int, *, nll_only_rows: int, sum_itemsize: int,
+                   stats_itemsize: int, grad_hidden: bool, grad_weight: bool, grad_bias: bool) -> int:
     """What a pair in one pass holds beyond the logits buffer until its end: per sequence a V×H dW sum (in
-    the dW sum's dtype) and a V dbias sum, and the (pair_rows, H) dX rows before their coefficient (in the
-    statistics dtype, so that each dX element is rounded once)."""
-    return (grad_weight * 2 * vocab * hidden_size * sum_itemsize + grad_bias * 2 * vocab * stats_itemsize
-            + grad_hidden * pair_rows * hidden_size * stats_itemsize)
+    the dW sum's dtype) and a V dbias sum, and the dX rows of its odds-ratio rows before their coefficient
+    (in the statistics dtype, so that each dX element is rounded once). A pair with ``nll_only_rows`` adds
+    their gradients to the call's dW and dbias sums before its end, which the first such pair makes: one
+    more V×H and V sum, counted whether or not an earlier pair made them already."""
+    sums = 2 + (nll_only_rows > 0)
+    return (grad_weight * sums * vocab * hidden_size * sum_itemsize + grad_bias * sums * vocab * stats_itemsize
+            + grad_hidden * (pair_rows - nll_only_rows) * hidden_size * stats_itemsize)
 
 
 def one_pass_budget(chunk_size, device: torch.device) -> int:
@@ -113,21 +124,24 @@ def one_pass_block_rows(chunk_rows: int) -> int:
     return min(chunk_rows, ONE_PASS_BLOCK_ROWS)
 
 
-def plan_passes(groups: list, chosen_rows: list, one_pass: list, block_rows: int) -> list:
+def plan_passes(groups: list, chosen_rows: list, nll_only_rows: list, one_pass: list, block_rows: int) -> list:
     """``plan_chunks``'s groups, each split pair that may take one pass (``one_pass``, per pair) planned again
-    as one: each sequence's rows in blocks of at most ``block_rows``. ``chosen_rows``: rows of each chosen
-    sequence, which come first among its pair's rows."""
-    return [one_pass_group(g, chosen_rows[g.first_pair], block_rows) if len(g.blocks) > 1 and one_pass[g.first_pair]
-            else g for g in groups]
+    as one, in blocks of at most ``block_rows``. ``chosen_rows``: rows of each chosen sequence, which come
+    first among its pair's rows; ``nll_only_rows``: how many of them count for the NLL alone, which come
+    first among the chosen rows (rows keep token order within a sequence)."""
+    return [one_pass_group(g, chosen_rows[g.first_pair], nll_only_rows[g.first_pair], block_rows)
+            if len(g.blocks) > 1 and one_pass[g.first_pair] else g for g in groups]
 
 
-def one_pass_group(group: ChunkGroup, chosen_rows: int, block_rows: int) -> ChunkGroup:
-    """The split pair of ``group`` in one pass: no block straddles the chosen/rejected boundary, so that each
-    block's GEMMs add to one sequence's sums."""
+def one_pass_group(group: ChunkGroup, chosen_rows: int, nll_only_rows: int, block_rows: int) -> ChunkGroup:
+    """The split pair of ``group`` in one pass: no block straddles the NLL-only/response or the
+    chosen/rejected boundary, so that each block's gradient is either final or one sequence's, before its
+    coefficient."""
     start, end = group.blocks[0][0], group.blocks[-1][1]
-    boundary = start + chosen_rows
-    blocks = split_rows(start, boundary, block_rows) + split_rows(boundary, end, block_rows)
-    return ChunkGroup(group.first_pair, group.end_pair, blocks, rejected_start=boundary)
+    response, rejected = start + nll_only_rows, start + chosen_rows
+    blocks = [block for first, last in ((start, response), (response, rejected), (rejected, end)) if last > first
+              for block in split_rows(first, last, block_rows)]
+    return ChunkGroup(group.first_pair, group.end_pair, blocks, rejected_start=rejected, response_start=response)
 
 
 def auto_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsize: int, device: torch.device,

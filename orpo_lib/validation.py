@@ -86,9 +86,15 @@ class TokenCounts:
     target_ids: torch.Tensor  # (B, T) int32 odds-ratio target, -1 where the token does not count
     nll_ids: torch.Tensor  # (B, T) int32 NLL target, -1 where it does not count (and in the rejected half)
     stats: torch.Tensor  # (B, 6) int32 on the device: the LABEL_STATS of each sequence
+    target_per_seq: list  # odds-ratio tokens of each sequence
     kept_per_seq: list  # tokens that any target needs (the others cost no GEMM work)
     nll_tokens: int  # NLL tokens in the chosen half
-    nll_mismatches: list  # per sequence: tokens whose NLL id is not the target id (0 without the NLL term)
+    one_pass_blockers: list  # per sequence: what keeps its pair from one pass (labels.py; 0 without the NLL term)
+
+    @property
+    def nll_only_per_seq(self) -> list:
+        """Tokens of each sequence that count for the NLL alone (0 in the rejected half)."""
+        return [kept - target for kept, target in zip(self.kept_per_seq, self.target_per_seq)]
 
     @property
     def tokens_per_seq(self) -> torch.Tensor:
@@ -116,7 +122,7 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
                          "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
     target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore_index, compute_nll_loss)
     # rows read back as they are (transposing on the device first costs a copy kernel, ~30 µs here)
-    per_seq, kept, nll_per_seq, bad_target, bad_nll, nll_mismatches = zip(*stats.tolist())
+    per_seq, kept, nll_per_seq, bad_target, bad_nll, blockers = zip(*stats.tolist())
     if sum(bad_target):
         raise ValueError(
             f"target holds {sum(bad_target)} token id(s) outside [0, {vocab}) that are not ignore_index={ignore_index}"
@@ -137,4 +143,4 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
             f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
             " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
         )
-    return TokenCounts(target_ids, nll_ids, stats, list(kept), sum(nll_per_seq), list(nll_mismatches))
+    return TokenCounts(target_ids, nll_ids, stats, list(per_seq), list(kept), sum(nll_per_seq), list(blockers))

@@ -26,6 +26,35 @@ def make_problem(batch=4, seq=7, hidden=48, vocab=517, *, dtype=torch.float32, d
                 target=target.to(device), nll_target=None if nll_target is None else nll_target.to(device))
 
 
+def with_trl_labels(problem, prompt_rows, padding, seed=0):
+    """``problem`` with labels shaped as TRL's: random token ids, which the NLL counts on every position but
+    each sequence's last ``padding[i]`` and the odds ratio only after its first ``prompt_rows[i]``."""
+    batch, seq = problem["target"].shape
+    ids = torch.randint(0, problem["weight"].shape[0], (batch, seq), generator=torch.Generator().manual_seed(seed))
+    position = torch.arange(seq)[None]
+    padded = position >= seq - torch.tensor(padding)[:, None]
+    response = (position >= torch.tensor(prompt_rows)[:, None]) & ~padded
+    device = problem["target"].device
+    return {**problem, "target": torch.where(response, ids, -100).to(device),
+            "nll_target": torch.where(padded, -100, ids).to(device)}
+
+
+def plan_of(problem, chunk_size=None, *, compute_nll_loss=True, fp32_weight_grad=True):
+    """The chunk plan the fused loss makes for ``problem`` with every gradient."""
+    from orpo_lib import chunked
+    from orpo_lib.validation import count_tokens
+
+    counts = count_tokens(problem["target"], problem["nll_target"], problem["weight"].shape[0], -100, compute_nll_loss)
+    opts = chunked.Options(0.1, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden=True, grad_weight=True,
+                           grad_bias=problem["bias"] is not None, single_block=False)
+    return chunked.make_plan(problem["hidden"], problem["weight"].shape[0], counts, opts)
+
+
+def split_passes(plan):
+    """Per split pair (a group of several blocks): 1 for one pass, 2 for two."""
+    return [1 if g.one_pass else 2 for g in plan.groups if len(g.blocks) > 1]
+
+
 def reference_with_grads(problem, **options):
     """Float64 reference loss, metrics and gradients of hidden, weight (and bias)."""
     leaves = {k: problem[k].detach().double().requires_grad_() for k in ("hidden", "weight")}

@@ -1,13 +1,14 @@
 """The Triton kernels of the chunked loss, one module per role, in the order a call runs them:
 
-* ``labels`` — ``label_stats_kernel``: checks the labels, counts each sequence's tokens, writes the
-  int32 target ids (one program per sequence, before any GEMM).
+* ``labels`` — ``label_stats_kernel``: checks the labels, counts each sequence's tokens (and what keeps
+  its pair from one pass), writes the int32 target ids (one program per sequence, before any GEMM).
 * ``row_stats`` — ``row_stats_kernel``: a chunk's log-sum-exp, target log-probs and logit sums
   (one program per row, one read of the logits).
 * ``pair_terms`` — ``pair_terms_kernel``: each pair's odds ratio and every token's dL/dlogp
   (one program per pair).
 * ``row_grads`` — ``row_grads_kernel``: the chunk rewritten in place into dL/dlogits (one program
-  per row, one read and one write); in the one-pass schedule into d log p / dlogits, not yet scaled.
+  per row, one read and one write); in the one-pass schedule a response row into d log p / dlogits,
+  not yet scaled.
 * ``pair_sums`` — ``pair_sum_kernel``: a one-pass pair's per-sequence dW sums, each times its sequence's
   coefficient, added up (one pass over V×H).
 * ``scaling`` — ``scale_kernel``: backward's upstream gradient applied to the summed gradients, and a

@@ -2,9 +2,12 @@
 uses and writes the int32 ids the row kernels read (-1 where a token does not count). One launch
 instead of a dozen small torch ops, which at small shapes would cost more than the row kernels.
 
-It also counts, per chosen sequence, the tokens whose NLL id differs from the odds-ratio id: where there
-are none, every token's gradient of the logits is one coefficient of its sequence times onehot(y) - P,
-and a pair longer than a chunk can take the one-pass schedule (``schedule.eligible_pairs``).
+It also counts, per chosen sequence, what keeps its pair from the one-pass schedule
+(``schedule.eligible_pairs``): each token that the odds ratio counts but whose NLL id differs (or that the
+NLL, while on, ignores), plus 1 if some NLL-only token (odds ratio ignored, NLL counted) comes after a
+token the odds ratio counts. Where there are none, the sequence's kept tokens are NLL-only ones, whose
+gradient of the logits b·(onehot(y') - P) is known before any GEMM, then the odds ratio's, whose gradient
+is one coefficient of the sequence times onehot(y) - P: TRL's labels (prompt, then response) are so.
 """
 
 from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)
@@ -14,7 +17,7 @@ import triton
 import triton.language as tl
 
 # label_stats_kernel's per-sequence outputs, in column order
-LABEL_STATS = ("target_tokens", "kept_tokens", "nll_tokens", "bad_target_ids", "bad_nll_ids", "nll_mismatches")
+LABEL_STATS = ("target_tokens", "kept_tokens", "nll_tokens", "bad_target_ids", "bad_nll_ids", "one_pass_blockers")
 
 
 @triton.jit
@@ -41,6 +44,8 @@ def label_stats_kernel(
     bad_target = tl.zeros([BLOCK_T], dtype=tl.int32)
     bad_nll = tl.zeros([BLOCK_T], dtype=tl.int32)
     nll_mismatch = tl.zeros([BLOCK_T], dtype=tl.int32)
+    last_nll_only = tl.full([BLOCK_T], -1, dtype=tl.int32)  # position of the last NLL-only token so far
+    first_target = tl.full([BLOCK_T], T, dtype=tl.int32)  # position of the first odds-ratio token
     for start in range(0, T, BLOCK_T):
         t = start + offs
         in_seq = t < T
@@ -58,14 +63,17 @@ def label_stats_kernel(
         bad_target += (target_counts & ((target < 0) | (target >= V))).to(tl.int32)
         bad_nll += (nll_counts & ((nll_target < 0) | (nll_target >= V))).to(tl.int32)
         # chosen half only, and only with the NLL term: elsewhere no token has an NLL id to differ
-        nll_mismatch += (in_seq & (seq < pairs) & COMPUTE_NLL & (nll_id != target_id)).to(tl.int32)
+        nll_mismatch += (target_counts & (seq < pairs) & COMPUTE_NLL & (nll_id != target_id)).to(tl.int32)
+        last_nll_only = tl.maximum(last_nll_only, tl.where(nll_counts & ~target_counts, t, -1))
+        first_target = tl.minimum(first_target, tl.where(target_counts, t, T))
     row = stats_ptr + seq * N_STATS
     tl.store(row + 0, tl.sum(n_target, axis=0))
     tl.store(row + 1, tl.sum(n_kept, axis=0))
     tl.store(row + 2, tl.sum(n_nll, axis=0))
     tl.store(row + 3, tl.sum(bad_target, axis=0))
     tl.store(row + 4, tl.sum(bad_nll, axis=0))
-    tl.store(row + 5, tl.sum(nll_mismatch, axis=0))
+    nll_only_after_target = tl.max(last_nll_only, axis=0) > tl.min(first_target, axis=0)
+    tl.store(row + 5, tl.sum(nll_mismatch, axis=0) + nll_only_after_target.to(tl.int32))
 
 
 def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: bool):

@@ -188,10 +188,10 @@ def chunk_plan(batch: int, seq: int, chunk_rows: int = 0, hidden: int = 4096, vo
     pairs, cpu = batch // 2, torch.device("cpu")
     groups = schedule.plan_chunks([2 * seq] * pairs, limit)
     if not chunk_rows:  # the automatic chunk size: a long pair takes one pass where its sums fit the budget
-        sums = schedule.one_pass_bytes(2 * seq, hidden, vocab, sum_itemsize=4, stats_itemsize=4, grad_hidden=True,
-                                       grad_weight=True, grad_bias=False)
+        sums = schedule.one_pass_bytes(2 * seq, hidden, vocab, nll_only_rows=0, sum_itemsize=4, stats_itemsize=4,
+                                       grad_hidden=True, grad_weight=True, grad_bias=False)
         one_pass = schedule.choose_one_pass([True] * pairs, [sums] * pairs, schedule.one_pass_budget(None, cpu))
-        groups = schedule.plan_passes(groups, [seq] * pairs, one_pass, schedule.one_pass_block_rows(limit))
+        groups = schedule.plan_passes(groups, [seq] * pairs, [0] * pairs, one_pass, schedule.one_pass_block_rows(limit))
     return ChunkPlan(batch, seq, limit, source, groups)
 
 

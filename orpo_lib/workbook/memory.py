@@ -93,8 +93,9 @@ def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0
 def one_pass_fits(seq: int, hidden: int, vocab: int, dtype_bytes: int, dw_fp32: bool) -> bool:
     """Whether a pair's one-pass sums fit the library's budget (its free-memory cap left out). The labels are
     taken to be eligible: the NLL on the odds ratio's tokens (``nll_target=None``)."""
-    extra = schedule.one_pass_bytes(2 * seq, hidden, vocab, sum_itemsize=FP32_BYTES if dw_fp32 else dtype_bytes,
-                                    stats_itemsize=FP32_BYTES, grad_hidden=True, grad_weight=True, grad_bias=False)
+    extra = schedule.one_pass_bytes(2 * seq, hidden, vocab, nll_only_rows=0,
+                                    sum_itemsize=FP32_BYTES if dw_fp32 else dtype_bytes, stats_itemsize=FP32_BYTES,
+                                    grad_hidden=True, grad_weight=True, grad_bias=False)
     return extra <= schedule.ONE_PASS_BUDGET_BYTES
 
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import orpo_lib
-from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
+from conftest import (make_problem, plan_of, reference_with_grads, rel_err, run_with_grads, split_passes,
+                      with_trl_labels)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -31,15 +32,22 @@ def test_bf16_no_worse_than_baseline(shape, chunk_size, ignored_fraction):
         assert fused[name] <= max(1.5 * baseline[name], 1e-3), (name, fused, baseline)
 
 
-@pytest.mark.parametrize("batch,ignored_fraction", [(2, 0.0), (2, 0.25), (4, 0.25)])
-def test_one_pass_bf16_no_worse_than_baseline(monkeypatch, batch, ignored_fraction):
-    """Pairs longer than the automatic chunk take one pass (the NLL on the odds ratio's tokens): bf16 errors
-    against float64 within 1.5× the baseline's, and the same bits twice."""
+@pytest.mark.parametrize("batch,ignored_fraction,labels", [
+    (2, 0.0, "nll on the target"), (2, 0.25, "nll on the target"), (4, 0.25, "nll on the target"),
+    (2, 0.0, "trl"), (4, 0.0, "trl"),  # the NLL on prompt and response, the odds ratio on the response
+])
+def test_one_pass_bf16_no_worse_than_baseline(monkeypatch, batch, ignored_fraction, labels):
+    """Pairs longer than the automatic chunk take one pass (the NLL on the odds ratio's tokens, or TRL's labels,
+    whose prompt rows count for the NLL alone): bf16 errors against float64 within 1.5× the baseline's, and the
+    same bits twice."""
     from orpo_lib import schedule
 
     problem = make_problem(batch, 1500, 256, 50257, dtype=torch.bfloat16, device="cuda", with_bias=True,
                            logit_scale=4.0, seed=batch, ignored_fraction=ignored_fraction)
+    if labels == "trl":  # prompts of 300 to 900 rows (900: two NLL-only blocks), some padding
+        problem = with_trl_labels(problem, [900, 300, 500, 700][:batch], [0, 120, 40, 0][:batch], seed=batch)
     monkeypatch.setattr(schedule, "LOGITS_BUDGET_BYTES", 700 * 50257 * 2)  # 700-row blocks
+    assert split_passes(plan_of(problem)) == [1] * (batch // 2)
     ref, ref_grads = reference_with_grads(problem)
     first = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
     fused = errors(*first, ref, ref_grads)

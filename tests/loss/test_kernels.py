@@ -72,11 +72,45 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
     want = {"target_tokens": target_valid.sum(1), "kept_tokens": (target_valid | nll_valid).sum(1),
             "nll_tokens": nll_valid.sum(1), "bad_target_ids": bad(target, target_valid),
             "bad_nll_ids": bad(nll_target, nll_valid),
-            "nll_mismatches": (chosen_with_nll & (nll_ids != target_ids)).sum(1)}
+            "one_pass_blockers": one_pass_blockers(target_ids, nll_ids, chosen_with_nll)}
     for column, name in enumerate(LABEL_STATS):
         assert stats[:, column].tolist() == want[name].tolist(), name
-    mismatches = stats[:, LABEL_STATS.index("nll_mismatches")]
-    assert mismatches[0] == 0 and bool((mismatches[1:batch // 2] > 0).all()) == compute_nll
+    blockers = stats[:, LABEL_STATS.index("one_pass_blockers")]
+    assert blockers[0] == 0 and bool((blockers[1:batch // 2] > 0).all()) == compute_nll
+
+
+def one_pass_blockers(target_ids, nll_ids, chosen_with_nll):
+    """Per sequence: tokens the odds ratio counts whose NLL id differs (chosen half, NLL on), plus 1 if an
+    NLL-only token comes after a token the odds ratio counts."""
+    counted, nll_only = target_ids >= 0, (nll_ids >= 0) & (target_ids < 0)
+    mismatches = (chosen_with_nll & counted & (nll_ids != target_ids)).sum(1)
+    position = torch.arange(target_ids.shape[1])
+    last_nll_only = torch.where(nll_only, position, -1).amax(1)
+    first_counted = torch.where(counted, position, target_ids.shape[1]).amin(1)
+    return mismatches + (last_nll_only > first_counted).long()
+
+
+@pytest.mark.parametrize("seq", [7, 1100])  # one block of positions; two (BLOCK_T = 1024), the second partial
+def test_one_pass_blockers_of_prompt_and_response_labels(seq):
+    """TRL's labels (NLL on prompt + response, odds ratio on the response) block nothing; an NLL-only token
+    after the response starts blocks once, however many there are; each response token the NLL counts with
+    another id, or ignores, blocks once; the rejected half and a call without the NLL are never blocked."""
+    ignore, prompt = -100, seq - 3
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 50, (6, seq), generator=gen)
+    target = ids.clone()
+    target[:, :prompt] = ignore  # the odds ratio sees the last 3 tokens
+    nll_target = ids.clone()
+    nll_target[:, -1] = ignore  # padding, ignored by both
+    target[:, -1] = ignore
+    nll_target[1, prompt - 1], target[1, prompt - 1] = ignore, ids[1, prompt - 1]  # response starts a token early
+    nll_target[2, prompt] = ids[2, prompt] + 1  # a response token whose NLL id differs
+    target[2, 0] = ids[2, 0]  # ...and one counted by both before the prompt's NLL-only tokens
+    nll_target[3:] = (ids[3:] + 1) % 50  # the rejected half: its NLL ids never count
+    with_nll = label_stats(target, nll_target, 50, ignore, True)[2][:, LABEL_STATS.index("one_pass_blockers")]
+    assert with_nll.tolist() == [0, 1, 2, 0, 0, 0]
+    without = label_stats(target, nll_target, 50, ignore, False)[2][:, LABEL_STATS.index("one_pass_blockers")]
+    assert without.tolist() == [0] * 6
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # float64 logits keep float64 statistics

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 import orpo_lib
-from orpo_lib import chunked, schedule
-from orpo_lib.validation import count_tokens
-from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
+from orpo_lib import schedule
+from orpo_lib.causal_lm import orpo_targets
+from conftest import (make_problem, plan_of, reference_with_grads, rel_err, run_with_grads, split_passes,
+                      with_trl_labels)
 from test_loss import TOLERANCE, assert_matches_reference
 
 H, V = 48, 517
@@ -24,18 +25,6 @@ def logit_rows(monkeypatch):
     return limit
 
 
-def plan_of(problem, chunk_size=None, *, compute_nll_loss=True, fp32_weight_grad=True):
-    counts = count_tokens(problem["target"], problem["nll_target"], problem["weight"].shape[0], -100, compute_nll_loss)
-    opts = chunked.Options(0.1, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden=True, grad_weight=True,
-                           grad_bias=problem["bias"] is not None, single_block=False)
-    return chunked.make_plan(problem["hidden"], problem["weight"].shape[0], counts, opts)
-
-
-def split_passes(plan):
-    """Per split pair (a group of several blocks): 1 for one pass, 2 for two."""
-    return [1 if g.one_pass else 2 for g in plan.groups if len(g.blocks) > 1]
-
-
 def check(problem, tol=TOLERANCE[torch.float32], upstream=1.0, **options):
     ref, ref_grads = reference_with_grads(problem, **{k: v for k, v in options.items() if k in REFERENCE_OPTIONS})
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=upstream, **options)
@@ -45,8 +34,8 @@ def check(problem, tol=TOLERANCE[torch.float32], upstream=1.0, **options):
 
 # ---- the schedule -------------------------------------------------------------------------------
 
-def test_eligible_pairs_need_nll_ids_equal_to_target_ids():
-    # per sequence, chosen then rejected: pair 1's chosen sequence has 3 tokens whose NLL id differs
+def test_eligible_pairs_are_those_without_one_pass_blockers():
+    # per sequence, chosen then rejected: pair 1's chosen sequence has 3 blockers (labels.py counts them)
     assert schedule.eligible_pairs([0, 3, 0, 0]) == [True, False]
     assert schedule.eligible_pairs([0, 0]) == [True]
 
@@ -54,11 +43,20 @@ def test_eligible_pairs_need_nll_ids_equal_to_target_ids():
 def test_one_pass_bytes_count_the_sums_and_the_dx_rows():
     """At 2×32768, H = 4096, V = 128256: two float32 V×H dW sums, two V dbias sums and 65536 float32 dX rows."""
     size, vocab, rows = 4096, 128256, 65536
-    full = schedule.one_pass_bytes(rows, size, vocab, sum_itemsize=4, stats_itemsize=4, grad_hidden=True,
-                                   grad_weight=True, grad_bias=True)
+    full = schedule.one_pass_bytes(rows, size, vocab, nll_only_rows=0, sum_itemsize=4, stats_itemsize=4,
+                                   grad_hidden=True, grad_weight=True, grad_bias=True)
     assert full == 2 * vocab * size * 4 + 2 * vocab * 4 + rows * size * 4
-    assert schedule.one_pass_bytes(rows, size, vocab, sum_itemsize=2, stats_itemsize=4, grad_hidden=False,
-                                   grad_weight=True, grad_bias=False) == 2 * vocab * size * 2
+    assert schedule.one_pass_bytes(rows, size, vocab, nll_only_rows=0, sum_itemsize=2, stats_itemsize=4,
+                                   grad_hidden=False, grad_weight=True, grad_bias=False) == 2 * vocab * size * 2
+
+
+def test_one_pass_bytes_with_nll_only_rows():
+    """A prompt of 1000 NLL-only rows: their dX rows are final (no float32 staging), and the call's own dW
+    and dbias sums, which they add to before the pair's end, are counted as a third V×H and V sum."""
+    size, vocab, rows, prompt = 4096, 128256, 65536, 1000
+    trl = schedule.one_pass_bytes(rows, size, vocab, nll_only_rows=prompt, sum_itemsize=4, stats_itemsize=4,
+                                  grad_hidden=True, grad_weight=True, grad_bias=True)
+    assert trl == 3 * vocab * size * 4 + 3 * vocab * 4 + (rows - prompt) * size * 4
 
 
 def test_choose_one_pass_by_eligibility_and_budget():
@@ -71,11 +69,14 @@ def test_one_pass_blocks_stay_within_one_sequence():
     groups = schedule.plan_chunks([3, 20, 4], chunk_rows=8)
     assert [g.blocks for g in groups] == [[(0, 3)], [(3, 10), (10, 17), (17, 23)], [(23, 27)]]
     # pair 1: 11 chosen rows [3, 14) and 9 rejected rows [14, 23), each in blocks of at most 8
-    planned = schedule.plan_passes(groups, chosen_rows=[2, 11, 2], one_pass=[True, True, True], block_rows=8)
-    assert planned[1] == schedule.ChunkGroup(1, 2, [(3, 9), (9, 14), (14, 19), (19, 23)], rejected_start=14)
+    planned = schedule.plan_passes(groups, chosen_rows=[2, 11, 2], nll_only_rows=[0, 0, 0], one_pass=[True] * 3,
+                                   block_rows=8)
+    assert planned[1] == schedule.ChunkGroup(1, 2, [(3, 9), (9, 14), (14, 19), (19, 23)], rejected_start=14,
+                                             response_start=3)
     assert planned[0] == groups[0] and planned[2] == groups[2]  # a whole pair in one block is left as it is
     assert [g.one_pass for g in planned] == [False, True, False]
-    two_pass = schedule.plan_passes(groups, chosen_rows=[2, 11, 2], one_pass=[True, False, True], block_rows=8)
+    two_pass = schedule.plan_passes(groups, chosen_rows=[2, 11, 2], nll_only_rows=[0, 0, 0],
+                                    one_pass=[True, False, True], block_rows=8)
     assert two_pass == groups and not two_pass[1].one_pass
 
 
@@ -232,3 +233,160 @@ def test_a_chunk_size_given_takes_two_passes(logit_rows):
     check(problem, chunk_size=6)
     logit_rows(problem, 6)
     assert split_passes(plan_of(problem)) == [1, 1]
+
+
+# ---- TRL's labels: the NLL on prompt and response, the odds ratio on the response ---------------
+
+def block_kinds(group):
+    """Each block of a one-pass group as 'nll only', 'chosen' or 'rejected'; none may straddle two."""
+    kinds = []
+    for start, end in group.blocks:
+        if end <= group.response_start:
+            kinds.append("nll only")
+        elif group.response_start <= start and end <= group.rejected_start:
+            kinds.append("chosen")
+        else:
+            assert start >= group.rejected_start, (start, end, group)
+            kinds.append("rejected")
+    return kinds
+
+
+def test_one_pass_blocks_with_nll_only_rows():
+    groups = schedule.plan_chunks([3, 20], chunk_rows=8)
+    # pair 1: 13 chosen rows [3, 16), the first 5 NLL-only, and 7 rejected rows [16, 23), in blocks of at most 4
+    planned = schedule.plan_passes(groups, chosen_rows=[2, 13], nll_only_rows=[1, 5], one_pass=[True, True],
+                                   block_rows=4)
+    assert planned[0] == groups[0]  # a whole pair in one block is left as it is, NLL-only rows or not
+    assert planned[1] == schedule.ChunkGroup(1, 2, [(3, 6), (6, 8), (8, 12), (12, 16), (16, 20), (20, 23)],
+                                             rejected_start=16, response_start=8)
+    assert block_kinds(planned[1]) == ["nll only"] * 2 + ["chosen"] * 2 + ["rejected"] * 2
+
+
+def test_trl_labels_at_long_context_fit_one_pass():
+    """2×32768, H = 4096, V = 128256, a 1024-token prompt: the pair's sums fit the one-pass budget, and at its
+    end the buffer, three float32 V×H sums, the response's float32 dX rows, dX, its staged response rows
+    (pair order: the rejected prompt is dropped), a block of gathered rows and the per-token state stay
+    under 12 GiB (7.37 GiB without the prompt)."""
+    size, vocab, seq, prompt = 4096, 128256, 32768, 1024
+    rows = 2 * seq - prompt  # the rejected sequence's prompt counts for neither target
+    sums = schedule.one_pass_bytes(rows, size, vocab, nll_only_rows=prompt, sum_itemsize=4, stats_itemsize=4,
+                                   grad_hidden=True, grad_weight=True, grad_bias=False)
+    assert schedule.choose_one_pass([True], [sums], schedule.one_pass_budget(None, torch.device("cpu"))) == [True]
+    block, tokens = schedule.ONE_PASS_BLOCK_ROWS, 2 * seq
+    pair_end = (block * vocab * 2 + sums + tokens * size * 2 + (rows - prompt) * size * 2 + block * size * 2
+                + tokens * 32)
+    assert pair_end / 2**30 < 12
+
+
+def trl_problem(batch, seq=12, *, with_bias=True, dtype=torch.float32, seed=30):
+    """Chosen prompts of 7 and 3 rows (7: two NLL-only blocks of at most 5 rows), padding at the end."""
+    prompt_rows, padding = [7, 3, 4, 5, 2, 6][:batch], [1, 0, 2, 0, 1, 1][:batch]
+    return with_trl_labels(make_problem(batch, seq, H, V, dtype=dtype, with_bias=with_bias, seed=seed),
+                           prompt_rows, padding, seed=seed)
+
+
+@pytest.mark.parametrize("batch", [
+    2,  # the NLL-only blocks make the call's dW sum, which the pair's end adds to
+    4,  # the second pair's NLL-only blocks add to the first pair's dW
+])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_trl_labels_in_one_pass_match_reference(logit_rows, batch, with_bias):
+    problem = trl_problem(batch, with_bias=with_bias)
+    logit_rows(problem, 5)
+    plan = plan_of(problem)
+    assert split_passes(plan) == [1] * (batch // 2)
+    assert not plan.token_order  # the rejected prompts and the padding are dropped
+    for group, prompt, padding in zip(plan.groups, [7, 3], [1, 0]):
+        start = group.blocks[0][0]
+        assert (group.response_start - start, group.rejected_start - start) == (prompt, 12 - padding)
+        assert block_kinds(group)[:2] == ["nll only", "nll only" if prompt > 5 else "chosen"]
+    check(problem)
+
+
+def test_trl_labels_in_token_order(logit_rows):
+    """Every row kept (no padding, a rejected sequence without a prompt): the NLL-only blocks write dX in place."""
+    problem = with_trl_labels(make_problem(2, 13, H, V, with_bias=True, seed=31), prompt_rows=[6, 0], padding=[0, 0])
+    logit_rows(problem, 4)
+    plan = plan_of(problem)
+    assert plan.token_order and split_passes(plan) == [1]
+    assert block_kinds(plan.groups[0]) == ["nll only"] * 2 + ["chosen"] * 2 + ["rejected"] * 4
+    check(problem)
+
+
+@pytest.mark.parametrize("options", [dict(fp32_weight_grad=False), dict(beta=0.7)])
+def test_options_with_trl_labels(logit_rows, options):
+    problem = trl_problem(4, seed=32)
+    logit_rows(problem, 5)
+    assert split_passes(plan_of(problem, fp32_weight_grad=options.get("fp32_weight_grad", True))) == [1, 1]
+    check(problem, **options)
+
+
+def test_trl_labels_upstream_gradient_and_second_backward(logit_rows):
+    problem = trl_problem(2, seed=33)
+    logit_rows(problem, 5)
+    check(problem, upstream=-2.5)
+    leaves = [problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias")]
+    loss = orpo_lib.fused_linear_orpo_loss(*leaves[:2], problem["target"], leaves[2],
+                                           nll_target=problem["nll_target"]).loss
+    (loss * 0.5).backward(retain_graph=True)
+    first = [leaf.grad.clone() for leaf in leaves]
+    (loss * 0.5).backward()
+    for leaf, grad in zip(leaves, first):
+        assert torch.equal(leaf.grad, 2 * grad)
+
+
+def test_trl_labels_float64_and_gradcheck(logit_rows):
+    problem = trl_problem(4, seq=9, dtype=torch.float64, seed=34)
+    logit_rows(problem, 5)
+    assert split_passes(plan_of(problem)) == [1, 1]
+    check(problem, tol=1e-10)
+    tiny = with_trl_labels(make_problem(2, 6, 6, 11, dtype=torch.float64, with_bias=True, seed=35),
+                           prompt_rows=[3, 1], padding=[1, 0], seed=35)
+    logit_rows(tiny, 3)
+    assert split_passes(plan_of(tiny)) == [1]
+    inputs = tuple(tiny[k].clone().requires_grad_() for k in ("hidden", "weight", "bias"))
+
+    def loss(hidden, weight, bias):
+        return orpo_lib.fused_linear_orpo_loss(hidden, weight, tiny["target"], bias, beta=0.5,
+                                               nll_target=tiny["nll_target"]).loss
+    assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
+
+@pytest.mark.parametrize("change,passes", [
+    ("none", [1, 1]),
+    ("NLL-only token after the response starts", [2, 1]),  # the chosen rows interleave NLL-only and response
+    ("response token with another NLL id", [2, 1]),
+    ("response token the NLL ignores", [2, 1]),
+    ("no NLL term", [1, 1]),  # then the prompt rows count for nothing: they are dropped
+])
+def test_trl_labels_fall_back_to_two_passes(logit_rows, change, passes):
+    problem = trl_problem(4, seed=36)
+    position = 8  # in pair 0's chosen response: prompt [0, 7), response [7, 11), padding [11, 12)
+    if change == "NLL-only token after the response starts":
+        problem["target"][0, position + 1] = -100
+    elif change == "response token with another NLL id":
+        problem["nll_target"][0, position] = (problem["target"][0, position] + 1) % V
+    elif change == "response token the NLL ignores":
+        problem["nll_target"][0, position] = -100
+    compute_nll_loss = change != "no NLL term"
+    logit_rows(problem, 5)
+    assert split_passes(plan_of(problem, compute_nll_loss=compute_nll_loss)) == passes
+    check(problem, compute_nll_loss=compute_nll_loss)
+
+
+def test_orpo_targets_take_one_pass(logit_rows):
+    """causal_lm.orpo_targets on a toy batch (shared prompts, right padding): its labels take one pass."""
+    batch, seq = 4, 14
+    gen = torch.Generator().manual_seed(37)
+    input_ids = torch.randint(0, V, (batch, seq), generator=gen)
+    input_ids[2:, :5] = input_ids[:2, :5]  # each pair's prompt: 5 tokens, then the two responses
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 11:] = attention_mask[2, 12:] = 0
+    labels = torch.where(attention_mask == 1, input_ids, -100)
+    labels[:, :5] = -100
+    target, nll_target = orpo_targets(input_ids, attention_mask, labels)
+    problem = {**make_problem(batch, seq - 1, H, V, with_bias=True, seed=37), "target": target,
+               "nll_target": nll_target}
+    logit_rows(problem, 8)
+    assert split_passes(plan_of(problem)) == [1, 1]
+    check(problem)

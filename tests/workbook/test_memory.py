@@ -74,12 +74,12 @@ def test_chunking_matches_the_library(batch, seq, chunk_size):
     pair_rows = [2 * seq] * (batch // 2)
     rows = chunk_size or schedule.auto_chunk_rows(2 * seq, batch * seq, V, 2, torch.device("cpu"),
                                                schedule.accumulator_rows(H, 2, True))
-    sums = schedule.one_pass_bytes(2 * seq, H, V, sum_itemsize=4, stats_itemsize=4, grad_hidden=True,
-                                   grad_weight=True, grad_bias=False)
+    sums = schedule.one_pass_bytes(2 * seq, H, V, nll_only_rows=0, sum_itemsize=4, stats_itemsize=4,
+                                   grad_hidden=True, grad_weight=True, grad_bias=False)
     one_pass = schedule.choose_one_pass([True] * (batch // 2), [sums] * (batch // 2),
                                         schedule.one_pass_budget(chunk_size, torch.device("cpu")))
-    groups = schedule.plan_passes(schedule.plan_chunks(pair_rows, rows), [seq] * (batch // 2), one_pass,
-                                  schedule.one_pass_block_rows(rows))
+    groups = schedule.plan_passes(schedule.plan_chunks(pair_rows, rows), [seq] * (batch // 2), [0] * (batch // 2),
+                                  one_pass, schedule.one_pass_block_rows(rows))
     model = memory.chunking(batch, seq, chunk_size, V, 2, hidden=H)
     assert model.rows == max(end - start for g in groups for start, end in g.blocks)
     assert model.count == sum(len(g.blocks) for g in groups)
