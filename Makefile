@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup test notebooks figures bench lab ui-test strip clean
+.PHONY: help setup test notebooks report figures bench lab ui-test strip clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -23,6 +23,9 @@ test: $(STAMP)  ## run the test suite (CPU: Triton kernels through the interpret
 
 notebooks: $(STAMP)  ## execute every notebook headless into build/notebooks and write the figures
 	$(PY) -m orpo_lib.workbook.notebooks --out build/notebooks
+
+report: notebooks  ## execute the notebooks and write each as a self-contained HTML page, with an index, to build/report
+	$(PY) -m orpo_lib.workbook.report --notebooks build/notebooks --out build/report
 
 figures: $(STAMP)  ## rebuild figures/ from the measured data in figures/data (no GPU needed)
 	$(PY) -m orpo_lib.workbook.figures

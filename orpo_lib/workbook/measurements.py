@@ -347,3 +347,61 @@ def mask_summary(record: BenchRecord) -> list[dict]:
         if r["mask"] != "none":
             table.setdefault((r["batch"], r["seq"], r["mask"]), {})[f"{r['provider']}_x_unmasked_floor"] = r["x_unmasked_floor"]
     return [{"batch": b, "seq": t, "mask": m, **ratios} for (b, t, m), ratios in sorted(table.items())]
+
+
+def latest_shapes_record(preset: str, data_dir: str | Path | None = None) -> BenchRecord | None:
+    """The newest record of a named workload set of the benchmark (``--shapes long-context`` or
+    ``small-models``), saved as ``shapes-<date>-<gpu>-<commit>-<preset>.json``."""
+    return latest_bench_record(data_dir, pattern=f"shapes-*-{preset}.json")
+
+
+def workload_rows(record: BenchRecord, *, mode: str, providers: tuple[str, ...] = ("baseline", "liger", "fused")) -> list[dict]:
+    """One row per workload and mask of a record in ``mode``: the floor's median ms (same run) and each
+    provider's ratio to it and peak over the inputs (GiB), as ``floor_ratios`` pairs them."""
+    table: dict = {}
+    masks = sorted({r.get("mask", "none") for r in record.results}, key=lambda m: (m != "none", m))
+    for mask in masks:
+        for provider in providers:
+            for r in floor_ratios(record, mode=mode, provider=provider, mask=mask):
+                shape = {k: r[k] for k in ("batch", "seq", "hidden", "vocab")}
+                (run,) = record.select(provider=provider, mode=mode, mask=mask, **shape)
+                row = table.setdefault((*shape.values(), mask), {**shape, "mask": mask, "mode": mode, "floor_ms": r["floor_ms"]})
+                row[f"{provider}_x_floor"] = r["x_floor"]
+                row[f"{provider}_gib"] = run.get("peak_over_inputs_gib")
+    return [table[key] for key in sorted(table, key=lambda k: (k[4] != "none", k[4], k[1], k[2], k[3], k[0]))]
+
+
+NO_GPU_NOTEBOOKS_MESSAGE = (
+    "No GPU execution of the workbook in figures/data yet: its values appear once "
+    "`python -m orpo_lib.workbook.gpu_notebooks` has run on a GPU machine and its notebooks-*.json is committed."
+)
+
+
+def latest_gpu_notebooks(data_dir: str | Path | None = None) -> dict | None:
+    """The newest ``notebooks-<date>-<gpu>.json`` (every notebook executed on a GPU with ``run_gpu=True``):
+    ``{"provenance": ..., "notebooks": {stem: {"seconds": ..., "record": {...}}}, "source": file name}``."""
+    directory = Path(data_dir) if data_dir else DATA_DIR
+    paths = sorted(directory.glob("notebooks-*.json"))  # the date leads the name
+    return {**json.loads(paths[-1].read_text()), "source": paths[-1].name} if paths else None
+
+
+def gpu_run_value(stem: str, name: str, data_dir: str | Path | None = None) -> tuple[str, object] | None:
+    """What notebook ``stem`` recorded under ``name`` in the newest GPU execution of the workbook, with that
+    run's provenance caption; None when there is no such execution."""
+    run = latest_gpu_notebooks(data_dir)
+    if run is None or stem not in run["notebooks"]:
+        return None
+    return provenance_caption(run["provenance"], run["source"]), run["notebooks"][stem]["record"].get(name)
+
+
+def beside_gpu_run(recorded: list[dict], executed: list[dict], keys: list[str], values: list[str]) -> list[dict]:
+    """Recorded rows joined on ``keys`` with the rows a GPU execution of the notebook measured: each of
+    ``values`` twice, as ``recorded_<value>`` and ``gpu_run_<value>`` (None where one side lacks the row)."""
+    def key(row):
+        return tuple(row.get(k) for k in keys)
+
+    by_key = {key(r): {k: r.get(k) for k in keys} for r in [*recorded, *executed]}
+    for prefix, rows in (("recorded", recorded), ("gpu_run", executed)):
+        for r in rows:
+            by_key[key(r)].update({f"{prefix}_{v}": r.get(v) for v in values})
+    return [by_key[k] for k in sorted(by_key, key=lambda k: tuple(str(v) for v in k))]

@@ -2,7 +2,9 @@
 
 Each notebook runs with papermill on the ``python3`` kernel into the output folder (never over the
 sources). It receives two parameters: ``output_dir`` for its figures and ``record_path`` for the
-JSON of key values that the tests read. The kernel runs with ``widgets.HEADLESS_ENV`` set, so that
+JSON of key values that the tests read. With ``--gpu`` the notebooks that declare a ``run_gpu``
+parameter also get ``run_gpu=True``: their GPU cells (buttons for people) then run once, headless, and
+record what they measure; without a CUDA device ``--gpu`` stops before any notebook runs. The kernel runs with ``widgets.HEADLESS_ENV`` set, so that
 widget views wait for a frontend that never comes instead of drawing (see ``widgets``).
 
 A cell that reaches the cell timeout fails the run with ``CellTimeout``, naming the notebook and the
@@ -21,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import papermill
+import torch
 from nbclient.exceptions import CellTimeoutError
 
 from .widgets import HEADLESS_ENV
@@ -67,9 +70,11 @@ def cells_at_timeout(notebook: Path, timeout_s: float) -> list[tuple[int, float,
     return found
 
 
-def execute(source: Path, out_dir: Path, parameters: dict | None = None, cell_timeout_s: float = CELL_TIMEOUT_S) -> dict:
+def execute(source: Path, out_dir: Path, parameters: dict | None = None, cell_timeout_s: float = CELL_TIMEOUT_S,
+            gpu: bool = False) -> dict:
     """Run one notebook; returns its output notebook, record file, figure folder and wall time.
-    Raises ``CellTimeout`` when a cell reaches ``cell_timeout_s``."""
+    ``gpu`` sets ``run_gpu=True`` where the notebook declares it. Raises ``CellTimeout`` when a cell
+    reaches ``cell_timeout_s``."""
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = source.stem
@@ -77,6 +82,8 @@ def execute(source: Path, out_dir: Path, parameters: dict | None = None, cell_ti
     record_file.unlink(missing_ok=True)  # records must come from this run
     output = out_dir / source.name
     params = {"output_dir": str(out_dir / stem), "record_path": str(record_file), **(parameters or {})}
+    if gpu and "run_gpu" in papermill.inspect_notebook(str(source)):
+        params["run_gpu"] = True
     start = time.perf_counter()
     try:
         with headless_kernel_env():
@@ -101,16 +108,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="build/notebooks", help="folder for executed notebooks, records and figures")
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds a cell may run (default %(default)s)")
+    parser.add_argument("--gpu", action="store_true", help="also run the GPU cells (run_gpu=True); needs CUDA")
     parser.add_argument("names", nargs="*", help="run only notebooks whose name starts with these (e.g. 01 02)")
     args = parser.parse_args(argv)
     sources = notebook_paths(args.names)
     if not sources:
         print("no notebooks matched", file=sys.stderr)
         return 1
+    if args.gpu and not torch.cuda.is_available():
+        print("error: --gpu runs the notebooks' GPU cells and needs a CUDA device; there is none here", file=sys.stderr)
+        return 1
     total = 0.0
     for source in sources:
         try:
-            run = execute(source, Path(args.out), cell_timeout_s=args.cell_timeout)
+            run = execute(source, Path(args.out), cell_timeout_s=args.cell_timeout, gpu=args.gpu)
         except CellTimeout as error:
             print(f"error: {error}", file=sys.stderr)
             return 1

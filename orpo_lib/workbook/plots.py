@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from IPython.display import display
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter, ScalarFormatter
@@ -54,6 +55,15 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
         fig.savefig(paths[0], dpi=150, metadata={"Software": None})
         fig.savefig(paths[1], metadata={"Date": None, "Creator": None})
     return paths
+
+
+def show_figure(fig: Figure, output_dir: str | Path | None, name: str) -> None:
+    """Save ``fig`` (where ``output_dir`` is set), display it and close it: the inline backend draws a figure
+    still open at the end of a cell once more, under the one a cell displays."""
+    if output_dir:
+        save_figure(fig, output_dir, name)
+    display(fig)
+    plt.close(fig)
 
 
 def _shape_label(seq=None, hidden=None, vocab=None, batch=None) -> str:
@@ -471,4 +481,42 @@ def mask_comparison(rows: list[dict], record: BenchRecord) -> Figure:
     fig.suptitle("Realistic mask: the first half of every sequence is prompt", fontsize=11, x=0.3)
     add_caption(fig, "Measured: " + record_caption(record))
     fig.subplots_adjust(top=0.84, wspace=0.08)
+    return fig
+
+
+def sequence_scaling(rows: list[dict], record: BenchRecord, providers: tuple[str, ...] = ("baseline", "liger", "fused")) -> Figure:
+    """Time over the floor of the same run and peak memory against sequence length, one line per provider
+    and mask (rows from ``measurements.workload_rows`` at one batch, hidden and vocab size)."""
+    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 4.6))
+    masks = sorted({r["mask"] for r in rows}, key=lambda m: (m != "none", m))
+    dashes = dict(zip(masks, ("-", "--", ":", "-.")))
+    for provider in providers:
+        for mask in masks:
+            points = sorted((r["seq"], r[f"{provider}_x_floor"], r[f"{provider}_gib"]) for r in rows
+                            if r["mask"] == mask and r.get(f"{provider}_x_floor") is not None)
+            if not points:
+                continue
+            seqs, ratios, peaks = zip(*points)
+            line = {"color": STYLE[provider]["color"], "marker": STYLE[provider]["marker"], "linestyle": dashes[mask]}
+            time_ax.plot(seqs, ratios, **line)
+            mem_ax.plot(seqs, peaks, **line)
+    time_ax.axhline(1.0, color=STYLE["floor"]["color"], linewidth=0.8)
+    time_ax.set_ylabel("forward+backward / floor (same run)")
+    mem_ax.set_ylabel("peak memory over inputs (GiB)")
+    mem_ax.set_yscale("log")
+    plain_log_axis(mem_ax.yaxis)
+    for ax in (time_ax, mem_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["seq"] for r in rows}))
+        plain_log_axis(ax.xaxis)
+        ax.set_xlabel("sequence length T")
+        ax.grid(True, which="both", alpha=0.3)
+    handles = [Line2D([], [], color=STYLE[p]["color"], marker=STYLE[p]["marker"], label=STYLE[p]["label"]) for p in providers]
+    handles += [Line2D([], [], color="0.4", linestyle=dashes[m], label=f"mask {m}") for m in masks]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.23), ncol=3, fontsize=8, frameon=False)
+    first = rows[0]
+    fig.suptitle(f"Scaling with sequence length, {_shape_label(batch=first['batch'], hidden=first['hidden'], vocab=first['vocab'])}",
+                 fontsize=11)
+    add_caption(fig, "Measured: " + record_caption(record))
+    fig.subplots_adjust(top=0.9, bottom=0.34, wspace=0.3)  # the legend goes between the axes and the caption
     return fig

@@ -3,7 +3,8 @@
 Each view is a plain function: a notebook cell calls it once with the parameters (so the static
 result is in the executed notebook), then ``interactive_view`` wraps the same function in
 controls with ``continuous_update=False``. Views return what they showed, so tests can call them
-directly. GPU work only ever starts from a button.
+directly. GPU work starts from a button, or, where the notebook's ``run_gpu`` parameter is set (the
+runner's ``--gpu``), once when the cell runs.
 
 Run headless (``HEADLESS_ENV`` set, as ``orpo_lib.workbook.notebooks`` does), a view waits for its
 controls to move instead of drawing at once: there is no frontend, and nbclient's stand-in for the
@@ -20,24 +21,17 @@ import os
 from pathlib import Path
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 
 from . import kernel_tour, memory, plots
-from .measurements import (H200_ANCHORS, NO_RECORD_MESSAGE, batch_scaling_rows, format_table, latest_bench_record,
-                           record_caption)
+from .measurements import (H200_ANCHORS, NO_GPU_NOTEBOOKS_MESSAGE, NO_RECORD_MESSAGE, BenchRecord, batch_scaling_rows,
+                           beside_gpu_run, floor_mode, format_table, gpu_run_value, latest_bench_record, latest_shapes_record,
+                           record_caption, workload_rows)
 
 HEADLESS_ENV = "ORPO_WORKBOOK_HEADLESS"
 POWERS_OF_TWO = [2**k for k in range(1, 8)]
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-
-
-def _show(fig, output_dir: str | Path | None, name: str):
-    if output_dir:
-        plots.save_figure(fig, output_dir, name)
-    display(fig)
-    plt.close(fig)
+WORKLOAD_PROVIDERS = ("baseline", "liger", "fused")  # the providers of the shapes records, beside their floor
 
 
 def format_bytes(size: float) -> str:
@@ -76,7 +70,7 @@ def show_memory(batch: int, seq: int, hidden: int, vocab: int, chunk_rows: int =
     print(f"{dtype}, B={batch} T={seq} H={hidden} V={vocab}: fused chunks of {chunk.rows} rows × {chunk.count}, "
           f"{'two passes (logits recomputed)' if chunk.passes == 2 else 'one pass'}")
     print(format_table(table, ["impl", "peak", "phase", "largest_part"]))
-    _show(plots.memory_breakdown(batch, seq, hidden, vocab, dtype_bytes=dtype_bytes, chunk_rows=rows_limit),
+    plots.show_figure(plots.memory_breakdown(batch, seq, hidden, vocab, dtype_bytes=dtype_bytes, chunk_rows=rows_limit),
           output_dir, "memory-breakdown")
     return table
 
@@ -125,7 +119,7 @@ def show_batch_scaling(seq: int, hidden: int, vocab: int, mode: str = "full", la
                            {"median_ms": ".2f", "x_floor": ".3f", "peak_over_inputs_gib": ".2f"}))
     references = [H200_ANCHORS] if mode == "full" else []  # references need floor rows of their own
     fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode=mode, references=references, batches=batches)
-    _show(fig, output_dir, f"batch-scaling-{mode}-T{seq}")
+    plots.show_figure(fig, output_dir, f"batch-scaling-{mode}-T{seq}")
     return {
         "record": None if record is None else record.source,
         "measured_points": sum(r["status"] == "ok" for r in measured),
@@ -201,7 +195,7 @@ def show_chunk_plan(batch: int, seq: int, chunk_rows: int = 0, hidden: int = 409
     print(f"B={batch} T={seq} H={hidden} V={vocab}, at most {plan.chunk_rows} rows per block: "
           f"{len(plan.groups)} chunk(s), {plan.blocks} block(s), buffer of {plan.buffer_rows} rows")
     print(format_table(kernel_tour.plan_rows(plan), ["group", "pairs", "rows", "blocks", "block_rows", "pass"]))
-    _show(plots.chunk_plan(plan, vocab), output_dir, "chunk-plan")
+    plots.show_figure(plots.chunk_plan(plan, vocab), output_dir, "chunk-plan")
     return plan
 
 
@@ -215,9 +209,17 @@ def chunk_plan_explorer(batch: int, seq: int, chunk_rows: int = 0, hidden: int =
     return interactive_view(show_chunk_plan, controls, fixed={"hidden": hidden, "vocab": vocab})
 
 
-def gpu_button(description: str, run, *, output_dir: str | Path | None = None) -> widgets.VBox:
-    """A button that starts ``run(output_dir)`` (GPU work); disabled, with a note, without CUDA."""
+def gpu_button(description: str, run, *, output_dir: str | Path | None = None, run_now: bool = False) -> widgets.VBox:
+    """A button that starts ``run(output_dir)`` (GPU work); disabled, with a note, without CUDA.
+
+    With ``run_now`` (a notebook run with ``run_gpu=True``) ``run`` is also called at once, so a headless run
+    measures what a person would by clicking; without CUDA that fails rather than leave the measurement out.
+    """
     has_cuda = torch.cuda.is_available()
+    if run_now:
+        if not has_cuda:
+            raise RuntimeError(f"run_gpu=True needs a CUDA device, and there is none here ({description!r})")
+        run(output_dir)
     button = widgets.Button(description=description, disabled=not has_cuda, button_style="warning",
                             layout=widgets.Layout(width="auto"))
     note = widgets.HTML("" if has_cuda else "No CUDA device here: showing the recorded data only.")
@@ -243,6 +245,70 @@ def live_chunk_sweep(batch: int, seq: int, hidden: int, vocab: int, chunk_sizes:
     sweep = chunk_sweep(Workload(batch, seq, hidden, vocab), torch.device("cuda"), chunk_sizes, warmup=2, reps=5)
     provenance = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": "this session",
                   "command": "orpo_lib.workbook.widgets.live_chunk_sweep"}
+    print(f"Measured now on {provenance['gpu']}, B={batch} T={seq} H={hidden} V={vocab}:")
+    print(format_table(sweep, ["chunk_size", "fp32_weight_grad", "median_ms", "peak_over_inputs_gib", "status"],
+                       {"median_ms": ".2f", "peak_over_inputs_gib": ".2f"}))
     fig = plots.chunk_pareto(sweep, provenance, source="live sweep", batch=batch, seq=seq, hidden=hidden, vocab=vocab, chunk_sizes=chunk_sizes)
-    _show(fig, output_dir, "chunk-pareto-live")
+    plots.show_figure(fig, output_dir, "chunk-pareto-live")
     return sweep
+
+
+def live_batch_scaling(seq: int, hidden: int, vocab: int, mode: str = "full", largest_batch: int = 16,
+                       output_dir: str | Path | None = None) -> list[dict]:
+    """Every provider at B = 2 … ``largest_batch``, measured now (CUDA only) as the benchmark harness does;
+    prints and returns each median and its ratio to the floor of this run, and draws them."""
+    from .bench import Workload, liger_version, provenance, run_workloads
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the live batch-scaling run needs a CUDA device")
+    device = torch.device("cuda")
+    batches = batch_sizes_up_to(largest_batch)
+    providers = ["floor", "baseline", "fused", *(["liger"] if liger_version() else [])]
+    results = run_workloads([Workload(b, seq, hidden, vocab) for b in batches], providers, sorted({mode, floor_mode(mode)}),
+                            device, warmup=2, reps=5)
+    # ORPO_COMMIT names the commit where the tree is an export without git (gpu_notebooks' runs)
+    run = BenchRecord(provenance(device, "orpo_lib.workbook.widgets.live_batch_scaling", commit=os.environ.get("ORPO_COMMIT")),
+                      results, source="live run")
+    rows = batch_scaling_rows(run, mode=mode, seq=seq, hidden=hidden, vocab=vocab, batches=batches)
+    print(f"Measured now, mode {mode}: {record_caption(run)}")
+    print(format_table(rows, ["batch", "provider", "median_ms", "x_floor", "peak_over_inputs_gib", "status"],
+                       {"median_ms": ".2f", "x_floor": ".3f", "peak_over_inputs_gib": ".2f"}))
+    plots.show_figure(plots.batch_scaling(run, seq=seq, hidden=hidden, vocab=vocab, mode=mode, batches=batches), output_dir,
+          f"batch-scaling-{mode}-T{seq}-live")
+    return rows
+
+
+def show_workload_record(preset: str, modes: tuple[str, ...] = ("full",), output_dir: str | Path | None = None,
+                         data_dir=None) -> dict:
+    """The newest record of a benchmark workload set (``bench --shapes preset``): per mode, a table of the
+    floor and each provider's ratio to it and peak; with several sequence lengths, their figure too."""
+    record = latest_shapes_record(preset, data_dir)
+    if record is None:
+        print(f"No shapes-*-{preset}.json record in figures/data.")
+        return {"record": None, "rows": []}
+    rows = [row for mode in modes for row in workload_rows(record, mode=mode)]
+    print(f"{preset}: {record_caption(record)}")
+    print("x_floor = median_ms / floor_ms of the same run (floor: the three GEMMs; for eval, the logits GEMM); "
+          "gib: peak over the inputs")
+    columns = ["batch", "seq", "hidden", "vocab", "mask", "mode", "floor_ms", *(f"{p}_x_floor" for p in WORKLOAD_PROVIDERS),
+               *(f"{p}_gib" for p in WORKLOAD_PROVIDERS)]
+    print(format_table(rows, columns, {c: ".2f" if c.endswith(("_ms", "_gib")) else ".3f" for c in columns[6:]}))
+    if len({r["seq"] for r in rows}) > 1:
+        plots.show_figure(plots.sequence_scaling(rows, record, WORKLOAD_PROVIDERS), output_dir, f"workloads-{preset}")
+    return {"record": record.source, "rows": rows}
+
+
+def show_beside_gpu_run(stem: str, name: str, recorded: list[dict], recorded_caption: str, keys: list[str], values: list[str],
+                        data_dir=None) -> list[dict]:
+    """The recorded rows beside those notebook ``stem`` measured under ``name`` when it last ran on a GPU
+    (``gpu_notebooks``, committed to figures/data); says so when it has not."""
+    gpu_run = gpu_run_value(stem, name, data_dir)
+    if gpu_run is None:
+        print(NO_GPU_NOTEBOOKS_MESSAGE)
+        return []
+    caption, executed = gpu_run
+    rows = beside_gpu_run(recorded, executed or [], keys, values)
+    print(f"recorded_*: {recorded_caption}\ngpu_run_*: this notebook executed with run_gpu=True, {caption}")
+    columns = keys + [f"{prefix}_{v}" for v in values for prefix in ("recorded", "gpu_run")]
+    print(format_table(rows, columns, {c: ".3f" for c in columns[len(keys):]}))
+    return rows

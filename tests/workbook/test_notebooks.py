@@ -6,22 +6,11 @@ from pathlib import Path
 import pytest
 
 from orpo_lib.workbook import memory
-from orpo_lib.workbook.measurements import latest_bench_record
-from orpo_lib.workbook.notebooks import execute, notebook_paths
+from orpo_lib.workbook.measurements import DATA_DIR, latest_bench_record
 from orpo_lib.workbook.record import load_record
 
 pytestmark = pytest.mark.notebook
 GIB = 2**30
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("notebooks")
-    sources = notebook_paths()
-    before = {p: p.read_bytes() for p in sources}
-    results = {p.stem: execute(p, out) for p in sources}
-    assert {p: p.read_bytes() for p in sources} == before, "sources must never be overwritten"
-    return results
 
 
 def _record(runs, stem):
@@ -202,3 +191,37 @@ def test_batch_scaling_against_the_targets(runs):
     masked = r["mask_summary"]
     assert len(masked) == 2 and all(0.5 < m["fused_x_unmasked_floor"] < 0.6 for m in masked)
     assert all(m["fused_x_unmasked_floor"] < m["liger_x_unmasked_floor"] < m["baseline_x_unmasked_floor"] for m in masked)
+
+
+def _floor_ratios_from_the_file(pattern, mode):
+    """(batch, seq, hidden, vocab, mask, provider) -> median over the same run's floor, read from the newest raw JSON."""
+    newest = max(DATA_DIR.glob(pattern), key=lambda p: json.loads(p.read_text())["provenance"]["date"])
+    results = json.loads(newest.read_text())["results"]
+    floor_mode = "full" if mode == "full" else "eval"
+    shape = ("batch", "seq", "hidden", "vocab")
+    floors = {tuple(r[k] for k in shape): r["median_ms"] for r in results
+              if r["provider"] == "floor" and r["mode"] == floor_mode and r["mask"] == "none"}
+    ratios = {(*(r[k] for k in shape), r["mask"], r["provider"]): r["median_ms"] / floors[tuple(r[k] for k in shape)]
+              for r in results if r["provider"] != "floor" and r["mode"] == mode}
+    return newest.name, ratios
+
+
+@pytest.mark.parametrize("name, pattern, modes", [("long_context", "shapes-*-long-context.json", ["full"]),
+                                                  ("small_models", "shapes-*-small-models.json", ["full", "eval"])])
+def test_batch_scaling_shows_the_workload_records_against_their_floor(runs, name, pattern, modes):
+    shown = _record(runs, "05-batch-scaling")[name]
+    for mode in modes:
+        source, expected = _floor_ratios_from_the_file(pattern, mode)
+        assert shown["record"] == source
+        rows = [r for r in shown["rows"] if r["mode"] == mode]
+        got = {(r["batch"], r["seq"], r["hidden"], r["vocab"], r["mask"], p): r[f"{p}_x_floor"]
+               for r in rows for p in ("baseline", "liger", "fused")}
+        assert got == pytest.approx(expected)
+    if name == "long_context":
+        assert source == "shapes-2026-12-04-h200-8c4da87-long-context.json"  # the newer of two runs of the preset
+        assert Path(runs["05-batch-scaling"]["figures"], "workloads-long-context.png").exists()
+
+
+def test_gpu_cells_wait_for_a_button_without_run_gpu(runs):
+    assert "live_chunk_sweep" not in _record(runs, "04-kernel-tuning")
+    assert "live_batch_scaling" not in _record(runs, "05-batch-scaling")

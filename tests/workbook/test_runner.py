@@ -4,6 +4,7 @@ import json
 
 import nbformat
 import pytest
+import torch
 
 from orpo_lib.workbook import notebooks, widgets
 
@@ -51,3 +52,24 @@ def test_a_cell_that_took_the_whole_timeout_is_found(tmp_path):
     nb.cells[1].metadata["papermill"] = {"duration": 120.01}
     nbformat.write(nb, tmp_path / "ran.ipynb")
     assert notebooks.cells_at_timeout(tmp_path / "ran.ipynb", 120) == [(1, 120.01, "widgets.explorer()")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_gpu_without_cuda_stops_before_any_notebook(tmp_path, capsys):
+    assert notebooks.main(["--gpu", "--out", str(tmp_path / "out")]) == 1
+    assert "--gpu runs the notebooks' GPU cells and needs a CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.notebook
+def test_gpu_sets_run_gpu_only_where_a_notebook_declares_it(tmp_path):
+    declares = _notebook(tmp_path / "declares.ipynb", "from orpo_lib.workbook.record import record\n"
+                         "record('run_gpu', run_gpu, path=record_path)")
+    nb = nbformat.read(declares, as_version=4)
+    nb.cells[0].source += "\nrun_gpu = False"
+    nbformat.write(nb, declares)
+    lacks = _notebook(tmp_path / "lacks.ipynb", "from orpo_lib.workbook.record import record\n"
+                      "record('run_gpu', 'run_gpu' in globals(), path=record_path)")
+    for gpu in (False, True):
+        assert json.loads(notebooks.execute(declares, tmp_path / "out", gpu=gpu)["record"].read_text()) == {"run_gpu": gpu}
+    assert json.loads(notebooks.execute(lacks, tmp_path / "out", gpu=True)["record"].read_text()) == {"run_gpu": False}

@@ -5,7 +5,7 @@ import json
 import ipywidgets
 import pytest
 
-from orpo_lib.workbook import memory, plots, widgets
+from orpo_lib.workbook import measurements, memory, plots, widgets
 
 
 @pytest.fixture
@@ -188,3 +188,45 @@ def test_memory_breakdown_is_linear_and_labels_the_chunk_setting(tmp_path):
     assert "fused (at most 1024-row blocks)" in labels
     plots.save_figure(fig, tmp_path, "breakdown")
     assert "linear axes" in (tmp_path / "breakdown.svg").read_text()
+
+
+def test_gpu_button_run_now_without_cuda_fails_clearly(monkeypatch):
+    monkeypatch.setattr(widgets.torch.cuda, "is_available", lambda: False)
+    started = []
+    with pytest.raises(RuntimeError, match=r"run_gpu=True needs a CUDA device, and there is none here \('run'\)"):
+        widgets.gpu_button("run", lambda out: started.append(out), run_now=True)
+    assert started == []
+
+
+def test_gpu_button_run_now_runs_once_and_keeps_the_button(monkeypatch):
+    monkeypatch.setattr(widgets.torch.cuda, "is_available", lambda: True)
+    started = []
+    box = widgets.gpu_button("run", lambda out: started.append(out), output_dir="figs", run_now=True)
+    assert started == ["figs"]
+    button = box.children[0].children[0]
+    assert not button.disabled
+    button.click()
+    assert started == ["figs", "figs"]
+
+
+def test_show_beside_gpu_run_puts_the_gpu_values_beside_the_record(tmp_path, capsys):
+    provenance = {"gpu": "Test GPU X1", "torch": "9.9", "triton": "9.9", "date": "2000-01-02T00:00:00+00:00", "commit": "feedface"}
+    executed = [{"batch": 2, "provider": "fused", "median_ms": 2.5, "x_floor": 1.25}]
+    notebooks_run = {"05-batch-scaling": {"seconds": 1.0, "record": {"live_batch_scaling": executed}}}
+    for date in ("2000-01-01", "2000-01-02"):  # the newest file is read
+        run = {"provenance": {**provenance, "date": date}, "notebooks": notebooks_run if date == "2000-01-02" else {}}
+        (tmp_path / f"notebooks-{date}-x1.json").write_text(json.dumps(run))
+    recorded = [{"batch": 2, "provider": "fused", "median_ms": 2.0, "x_floor": 1.1},
+                {"batch": 4, "provider": "fused", "median_ms": 4.0, "x_floor": 1.05}]
+    rows = widgets.show_beside_gpu_run("05-batch-scaling", "live_batch_scaling", recorded, "the record", ["batch", "provider"],
+                                       ["x_floor"], data_dir=tmp_path)
+    assert rows == [{"batch": 2, "provider": "fused", "recorded_x_floor": 1.1, "gpu_run_x_floor": 1.25},
+                    {"batch": 4, "provider": "fused", "recorded_x_floor": 1.05}]
+    out = capsys.readouterr().out
+    assert "Test GPU X1" in out and "notebooks-2000-01-02-x1.json" in out and "commit feedfac" in out
+
+
+def test_show_beside_gpu_run_without_a_gpu_execution_says_so(tmp_path, capsys):
+    assert widgets.show_beside_gpu_run("04-kernel-tuning", "live_chunk_sweep", [], "the record", ["chunk_size"], ["median_ms"],
+                                       data_dir=tmp_path) == []
+    assert measurements.NO_GPU_NOTEBOOKS_MESSAGE in capsys.readouterr().out
