@@ -15,6 +15,7 @@ import html
 import sys
 from pathlib import Path
 
+import nbconvert
 import nbformat
 from jinja2 import DictLoader
 from nbconvert import HTMLExporter
@@ -27,6 +28,8 @@ TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 """
+# `pip install --target DIR` (the GPU machine) puts nbconvert's templates in DIR/share, where Jupyter's paths do not look
+TARGET_TEMPLATES = Path(nbconvert.__file__).parents[1] / "share" / "jupyter" / "nbconvert" / "templates"
 
 
 def without_widgets(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -74,7 +77,9 @@ def write_report(notebook_dir: str | Path, out_dir: str | Path) -> list[Path]:
         raise FileNotFoundError(f"no executed notebooks in {notebook_dir}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    exporter = HTMLExporter(extra_loaders=[DictLoader({"report.html.j2": TEMPLATE})], template_file="report.html.j2")
+    target_templates = [str(TARGET_TEMPLATES)] if TARGET_TEMPLATES.is_dir() else []
+    exporter = HTMLExporter(extra_loaders=[DictLoader({"report.html.j2": TEMPLATE})], template_file="report.html.j2",
+                            extra_template_basedirs=target_templates, extra_template_paths=target_templates)
     pages, written = [], []
     for source in sources:
         nb = without_widgets(nbformat.read(source, as_version=4))
