@@ -13,5 +13,7 @@ The loss (``orpo_lib`` itself) never imports this package; everything here impor
 * ``plots``, ``widgets`` — the figures and the ipywidgets views of the notebooks.
 * ``figures`` — rebuilds ``figures/`` from ``figures/data/`` (``make figures``).
 * ``notebooks`` — runs the notebooks headless with papermill (``make notebooks``).
+* ``report`` — writes the executed notebooks as self-contained HTML pages with an index (``make report``).
+* ``gpu_notebooks`` — runs the notebooks on a GPU machine without Jupyter, GPU cells included, and records them.
 * ``record`` — the small JSON record a notebook writes, which the tests read.
 """
