@@ -54,7 +54,13 @@ def closed_form_logit_grad(hidden, weight, target, *, beta=0.1, ignore_index=-10
 
 
 def _relative_error(value, expected) -> float:
-    return float((value.double() - expected.double()).abs().max() / expected.double().abs().max().clamp_min(1e-300))
+    value, expected = value.double().cpu(), expected.double().cpu()
+    return float((value - expected).abs().max() / expected.abs().max().clamp_min(1e-300))
+
+
+def kernel_device() -> torch.device:
+    """Where the fused loss's Triton kernels run: compiled on a GPU when there is one, interpreted on the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def gradient_check(batch=4, seq=24, hidden=48, vocab=517, *, beta=0.1, seed=0) -> dict:
@@ -71,10 +77,11 @@ def gradient_check(batch=4, seq=24, hidden=48, vocab=517, *, beta=0.1, seed=0) -
     closed_dx = logit_grad @ w.double()
     closed_dw = logit_grad.reshape(-1, vocab).T @ x.double().reshape(-1, hidden)
 
-    xf = x.clone().requires_grad_()
-    wf = w.clone().requires_grad_()
+    device = kernel_device()
+    xf = x.to(device).requires_grad_()
+    wf = w.to(device).requires_grad_()
     start = time.perf_counter()
-    out = fused_linear_orpo_loss(xf, wf, target, beta=beta)
+    out = fused_linear_orpo_loss(xf, wf, target.to(device), beta=beta)
     out.loss.backward()
     fused_seconds = time.perf_counter() - start
     return {
@@ -121,9 +128,10 @@ def toy_preference_batch(pairs=2, prompt=4, response=12, vocab=64, *, seed=0):
 def toy_orpo_run(steps=25, *, pairs=2, prompt=4, response=12, vocab=64, hidden=32, lr=0.02, beta=0.1, seed=0) -> list[dict]:
     """Train an embedding + LM head (a bigram model) on one preference batch with the fused loss."""
     torch.manual_seed(seed)
-    inputs, target = toy_preference_batch(pairs, prompt, response, vocab, seed=seed)
-    embedding = torch.nn.Embedding(vocab, hidden)
-    head = torch.nn.Linear(hidden, vocab, bias=False)
+    device = kernel_device()
+    inputs, target = (t.to(device) for t in toy_preference_batch(pairs, prompt, response, vocab, seed=seed))
+    embedding = torch.nn.Embedding(vocab, hidden).to(device)
+    head = torch.nn.Linear(hidden, vocab, bias=False).to(device)
     optimizer = torch.optim.Adam([*embedding.parameters(), *head.parameters()], lr=lr)
     history = []
     for step in range(steps):
