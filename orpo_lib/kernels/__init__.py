@@ -15,6 +15,8 @@
   one-pass pair's dX rows scaled by their sequence's coefficient.
 
 ``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk.
+``gluon_gemm`` (not imported here, used by nothing yet) is a warp-specialised Gluon C = A·Bᵀ for
+Hopper, the first step towards row statistics inside the logits GEMM.
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 

@@ -1,0 +1,464 @@
+"""C = A·Bᵀ in Gluon for Hopper (sm_90a): the logits GEMM X·Wᵀ, written by hand, warp-specialised.
+
+This is stage 1 (the gate) of computing the row statistics inside the logits GEMM: before any
+statistics are fused in, a Gluon kernel with ``warpgroup_mma`` in a worker partition beside a TMA
+producer has to compile and be correct on triton 3.6. Nothing in the library calls it yet, and
+``orpo_lib.kernels`` does not export it. Importing the module launches nothing and needs no GPU.
+
+Shapes: A is (M, K) and B is (N, K), both row-major bf16 (or fp16); C is (M, N) in float32, bf16 or
+fp16, accumulated in float32. Tiles are BLOCK_M × BLOCK_N × BLOCK_K = 128 × 128 × 64 by default.
+Every operand moves by TMA, which zero-fills the part of a load tile outside the tensor and clips the
+part of a store tile outside it, so M, N and K need not be multiples of the tile. TMA needs every
+row stride and base address 16-byte aligned, so K must be a multiple of 8 (bf16 rows of A and B) and
+N a multiple of 16 / C's element size (8 for bf16, 4 for float32). ``check_supported`` says so in
+its error.
+
+Three kernels, so that a failure says which piece failed:
+
+* ``ws_worker`` (the gate): three partitions. The default partition (the kernel's 4 warps) is the
+  epilogue: it TMA-stores each C tile. Worker 0 (4 warps, one warpgroup) waits for operand stages and
+  issues the async ``warpgroup_mma``; it writes its finished accumulator into shared memory for the
+  epilogue. Worker 1 (1 warp) is the TMA producer filling a STAGES-deep ring of A and B tiles.
+* ``ws_worker_direct``: ws_worker without the hand-off: the MMA worker stores its own tiles and the
+  default partition does nothing. If ws_worker fails and this passes, the hand-off is at fault.
+* ``ws_default``: two partitions; the warpgroup MMA and the epilogue in the default partition,
+  the 1-warp TMA producer as the only worker (the shape of the triton Hopper tutorials).
+* ``pipelined``: no warp specialisation; one warpgroup prefetches STAGES-1 tiles ahead by TMA and
+  keeps one ``warpgroup_mma`` in flight.
+
+The two warp-specialised kernels are persistent: min(#SMs, #tiles) programs walk the tiles in
+groups of GROUP_M row blocks (so concurrently running tiles share B tiles in L2). Every partition
+walks the same tile sequence, so the ring's stage index and phase need no communication beyond the
+mbarriers.
+"""
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+VARIANTS = {
+    "ws_worker": "warp-specialised: MMA warpgroup as a worker, 1-warp TMA producer, epilogue in the default partition",
+    "ws_worker_direct": "as ws_worker, but the MMA worker TMA-stores its own tiles (no hand-off, idle default)",
+    "ws_default": "warp-specialised: MMA warpgroup + epilogue in the default partition, 1-warp TMA producer",
+    "pipelined": "one warpgroup, TMA prefetch STAGES-1 ahead, one async warpgroup_mma in flight",
+}
+
+_TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
+
+
+# --------------------------------------------------------------------------------------------------
+# Device helpers
+# --------------------------------------------------------------------------------------------------
+
+@gluon.constexpr_function
+def _mma_layout(BLOCK_N):
+    # The accumulator's register layout, which also fixes the wgmma shape: one warpgroup (warps
+    # stacked along M, 16 rows each per m64 instruction), instructions of m16 × n × k16 per warp for
+    # 16-bit inputs (k = 256 bits / 16). The largest n (≤ 256, a multiple of 8) dividing the tile
+    # means the fewest instructions per K step: n = 128 for the default tile.
+    n = min(BLOCK_N, 256)
+    while BLOCK_N % n != 0:
+        n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    # Grouped ordering: GROUP_M row blocks advance along N together, so the programs running at the
+    # same time read the same few B (weight) tiles and one group's A rows stay in L2.
+    per_group = GROUP_M * num_pid_n
+    group = tile // per_group
+    first_m = group * GROUP_M
+    group_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    in_group = tile % per_group
+    pid_m = first_m + in_group % group_m
+    pid_n = in_group // group_m
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
+                    GROUP_M: gl.constexpr):
+    """TMA producer (1 warp): fills the ring stage by stage, as soon as the MMA warpgroup frees one."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    num_tiles = num_pid_m * num_pid_n
+    it = 0  # k-steps issued so far by this program, over all its tiles: stage = it % STAGES
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for ki in range(k_tiles):
+            s = it % STAGES
+            # A fresh mbarrier counts as having completed the phase before phase 0, so waiting for
+            # parity (phase ^ 1) lets the first STAGES loads through before any consumer release.
+            phase = (it // STAGES) & 1
+            mbarrier.wait(empty_bars.index(s), phase ^ 1)
+            bar = ready_bars.index(s)
+            mbarrier.expect(bar, nbytes)  # the barrier completes when both tiles' bytes have landed
+            tma.async_copy_global_to_shared(a_desc, [off_m, ki * BLOCK_K], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [off_n, ki * BLOCK_K], bar, b_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _mma_tile(a_bufs, b_bufs, ready_bars, empty_bars, it, k_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """One C tile's K loop on one warpgroup; returns the float32 accumulator and the updated step count.
+
+    The wgmma of step k is issued async and then waited on with one group allowed outstanding, which
+    means the wgmma of step k-1 has finished reading its stage: that stage goes back to the producer
+    while step k computes.
+    """
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    mma_layout: gl.constexpr = _mma_layout(BLOCK_N)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+    for ki in range(k_tiles):
+        s = it % STAGES
+        mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
+        # B's tile is (BLOCK_N, BLOCK_K), K contiguous; the permuted view is the (K, N) operand that
+        # wgmma wants, read K-major from the same shared memory (no data moves).
+        acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        mbarrier.arrive(empty_bars.index((it + STAGES - 1) % STAGES), pred=ki > 0)
+        it += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(empty_bars.index((it + STAGES - 1) % STAGES))  # the last step's stage (k_tiles >= 1)
+    return acc, it
+
+
+@gluon.jit
+def _mma_to_smem_partition(a_bufs, b_bufs, c_smem, ready_bars, empty_bars, c_ready_bar, c_empty_bar, num_pid_m,
+                           num_pid_n, k_tiles):
+    """ws_worker's MMA warpgroup (a 4-warp worker): K loop, then hand the tile to the epilogue via smem."""
+    BLOCK_M: gl.constexpr = c_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = c_smem.type.shape[1]
+    num_tiles = num_pid_m * num_pid_n
+    it = 0
+    t = 0  # tiles done by this program: parity of the C hand-off barriers
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        acc, it = _mma_tile(a_bufs, b_bufs, ready_bars, empty_bars, it, k_tiles, BLOCK_M, BLOCK_N)
+        # The epilogue must have finished storing the previous tile out of c_smem.
+        mbarrier.wait(c_empty_bar, (t & 1) ^ 1)
+        c_smem.store(acc.to(c_smem.dtype))
+        # Generic-proxy writes to smem must be fenced before the async proxy (the TMA store) reads them.
+        fence_async_shared()
+        mbarrier.arrive(c_ready_bar)
+        t += 1
+
+
+@gluon.jit
+def _store_partition(c_desc, c_smem, c_ready_bar, c_empty_bar, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """ws_worker's epilogue (default partition): TMA-store each finished C tile, then free c_smem.
+
+    This is where stage 2's row statistics will read the tile; for now it only stores it.
+    """
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    num_tiles = num_pid_m * num_pid_n
+    t = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        mbarrier.wait(c_ready_bar, t & 1)
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+        tma.store_wait(pendings=0)  # c_smem has been read out; the MMA warpgroup may overwrite it
+        mbarrier.arrive(c_empty_bar)
+        t += 1
+
+
+@gluon.jit
+def _mma_store_partition(c_desc, a_bufs, b_bufs, c_smem, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
+                         GROUP_M: gl.constexpr):
+    """ws_default's default partition (4 warps): K loop, then its own TMA-store epilogue."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    num_tiles = num_pid_m * num_pid_n
+    it = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc, it = _mma_tile(a_bufs, b_bufs, ready_bars, empty_bars, it, k_tiles, BLOCK_M, BLOCK_N)
+        tma.store_wait(pendings=0)  # the previous tile's store has finished reading c_smem
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+    tma.store_wait(pendings=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _alloc_ring(a_desc, b_desc, STAGES: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)  # one arrival: the producer's expect (+ tx bytes)
+        mbarrier.init(empty_bars.index(i), count=1)  # one arrival: the MMA warpgroup's release
+    return a_bufs, b_bufs, ready_bars, empty_bars
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K"])  # shapes reach the kernel via TMA; one compile for all
+def gemm_ws_worker_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                          LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_ready_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    c_empty_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(c_ready_bar, count=1)
+    mbarrier.init(c_empty_bar, count=1)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    # triton 3.6: warp_specialize(functions_and_args, worker_num_warps, worker_num_regs); the first
+    # entry is the default partition (the kernel's num_warps), the rest run in extra warps. The
+    # compiler places a 4-warp worker on a warpgroup boundary, which wgmma needs.
+    gl.warp_specialize([
+        (_store_partition, (c_desc, c_smem, c_ready_bar, c_empty_bar, num_pid_m, num_pid_n, GROUP_M)),
+        (_mma_to_smem_partition, (a_bufs, b_bufs, c_smem, ready_bars, empty_bars, c_ready_bar, c_empty_bar,
+                                  num_pid_m, num_pid_n, k_tiles)),
+        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
+                           GROUP_M)),
+    ], [4, 1], [MMA_REGS, LOAD_REGS])
+
+
+@gluon.jit
+def _idle_partition():
+    pass
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K"])
+def gemm_ws_worker_direct_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                                 LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    gl.warp_specialize([
+        (_idle_partition, ()),
+        (_mma_store_partition, (c_desc, a_bufs, b_bufs, c_smem, ready_bars, empty_bars, num_pid_m, num_pid_n,
+                                k_tiles, GROUP_M)),
+        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
+                           GROUP_M)),
+    ], [4, 1], [MMA_REGS, LOAD_REGS])
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K"])  # shapes reach the kernel via TMA; one compile for all
+def gemm_ws_default_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                           LOAD_REGS: gl.constexpr):
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    gl.warp_specialize([
+        (_mma_store_partition, (c_desc, a_bufs, b_bufs, c_smem, ready_bars, empty_bars, num_pid_m, num_pid_n,
+                                k_tiles, GROUP_M)),
+        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
+                           GROUP_M)),
+    ], [1], [LOAD_REGS])
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K"])  # shapes reach the kernel via TMA; one compile for all
+def gemm_pipelined_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+    """No warp specialisation: one tile per program, TMA prefetch STAGES-1 steps ahead."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    pid_m, pid_n = _tile_coords(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_tiles = gl.cdiv(K, BLOCK_K)
+
+    # Prologue: issue the first STAGES-1 loads (predicated off past the end of K).
+    for i in gl.static_range(STAGES - 1):
+        mbarrier.expect(bars.index(i), nbytes, pred=k_tiles > i)
+        tma.async_copy_global_to_shared(a_desc, [off_m, i * BLOCK_K], bars.index(i), a_bufs.index(i),
+                                        pred=k_tiles > i)
+        tma.async_copy_global_to_shared(b_desc, [off_n, i * BLOCK_K], bars.index(i), b_bufs.index(i),
+                                        pred=k_tiles > i)
+
+    mma_layout: gl.constexpr = _mma_layout(BLOCK_N)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+    for ki in range(k_tiles):
+        s = ki % STAGES
+        mbarrier.wait(bars.index(s), (ki // STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        # With one group outstanding, step ki-1's wgmma is done, so its stage — the one step
+        # ki+STAGES-1 maps to — can be refilled while step ki computes.
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        nxt = ki + STAGES - 1
+        ns = nxt % STAGES
+        do_load = nxt < k_tiles
+        mbarrier.expect(bars.index(ns), nbytes, pred=do_load)
+        tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BLOCK_K], bars.index(ns), a_bufs.index(ns),
+                                        pred=do_load)
+        tma.async_copy_global_to_shared(b_desc, [off_n, nxt * BLOCK_K], bars.index(ns), b_bufs.index(ns),
+                                        pred=do_load)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(pendings=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------------
+
+def check_supported(M, N, K, in_dtype, out_dtype):
+    """Raise ValueError unless TMA can address these shapes (no GPU needed)."""
+    if in_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"gluon_gemm: A and B must be bfloat16 or float16, got {in_dtype}")
+    if out_dtype not in _TORCH_TO_GL:
+        raise ValueError(f"gluon_gemm: C must be float32, bfloat16 or float16, got {out_dtype}")
+    if min(M, N, K) < 1:
+        raise ValueError(f"gluon_gemm: empty problem M={M} N={N} K={K}")
+    if K % 8:
+        raise ValueError(f"gluon_gemm: K={K} must be a multiple of 8 (TMA needs 16-byte row strides for A and B)")
+    c_align = 16 // torch.empty((), dtype=out_dtype).element_size()
+    if N % c_align:
+        raise ValueError(f"gluon_gemm: N={N} must be a multiple of {c_align} for a {out_dtype} C "
+                         "(TMA needs 16-byte row strides)")
+
+
+def _check_operand(name, t):
+    if not t.is_cuda or t.dim() != 2 or t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        raise ValueError(f"gluon_gemm: {name} must be a 2-D CUDA tensor with unit column stride, 16-byte aligned "
+                         f"base and row stride (got shape {tuple(t.shape)}, strides {t.stride()}, device {t.device})")
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index):
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _descriptors(a, b, out, block_m, block_n, block_k):
+    """Host TMA descriptors; each tile's shared-memory layout is the widest swizzle its rows allow."""
+    in_gl = _TORCH_TO_GL[a.dtype]
+    a_layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], in_gl)
+    b_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k], in_gl)
+    c_layout = gl.NVMMASharedLayout.get_default_for([block_m, block_n], _TORCH_TO_GL[out.dtype])
+    return (TensorDescriptor.from_tensor(a, [block_m, block_k], a_layout),
+            TensorDescriptor.from_tensor(b, [block_n, block_k], b_layout),
+            TensorDescriptor.from_tensor(out, [block_m, block_n], c_layout))
+
+
+def _launch_plan(variant, descs, M, N, K, *, block_m, block_n, stages, group_m, programs, maxnreg, load_regs,
+                 mma_regs):
+    """(kernel, grid, positional args, launch options) for one variant: shared by launch and compile-only."""
+    num_tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    if variant == "pipelined":
+        return gemm_pipelined_kernel, (num_tiles, ), (*descs, M, N, K, stages, group_m), {"num_warps": 4}
+    grid = (max(1, min(programs, num_tiles)), )
+    if variant in ("ws_worker", "ws_worker_direct"):
+        # 4 (default) + 4 (MMA) + 1 (loader) warps, rounded up to 12: 65536 / 384 threads = 170 → 168.
+        opts = {"num_warps": 4, "maxnreg": 168 if maxnreg is None else maxnreg}
+        kernel = gemm_ws_worker_kernel if variant == "ws_worker" else gemm_ws_worker_direct_kernel
+        return kernel, grid, (*descs, M, N, K, stages, group_m, load_regs, mma_regs), opts
+    opts = {"num_warps": 4} if maxnreg is None else {"num_warps": 4, "maxnreg": maxnreg}
+    return gemm_ws_default_kernel, grid, (*descs, M, N, K, stages, group_m, load_regs), opts
+
+
+def _check_config(variant, block_m, block_n, block_k, stages):
+    if variant not in VARIANTS:
+        raise ValueError(f"gluon_gemm: unknown variant {variant!r}; one of {sorted(VARIANTS)}")
+    if block_m != 128:
+        raise ValueError("gluon_gemm: block_m must be 128 (one warpgroup of 4 warps, two m64 wgmma rows)")
+    if block_n % 16 or not 16 <= block_n <= 256 or block_k % 16 or not 16 <= block_k <= 128 or stages < 2:
+        raise ValueError(f"gluon_gemm: unsupported tile {block_m}x{block_n}x{block_k} / {stages} stages")
+
+
+def gluon_matmul_abt(a, b, out_dtype=torch.float32, *, variant="ws_worker", block_m=128, block_n=128, block_k=64,
+                     stages=4, group_m=8, num_programs=None, maxnreg=None, load_regs=24, mma_regs=232, out=None):
+    """C = a @ b.T with a (M, K), b (N, K); returns C (M, N) in ``out_dtype`` (float32 accumulation).
+
+    ``variant`` is one of ``VARIANTS``. ``num_programs`` caps the persistent grid (default: #SMs).
+    ``maxnreg`` is passed to the compiler (ws_worker defaults to 168); ``load_regs``/``mma_regs`` are
+    the register budgets requested for the TMA producer and the MMA warpgroup.
+    """
+    _check_config(variant, block_m, block_n, block_k, stages)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"gluon_gemm: need a (M, K) and b (N, K), got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"gluon_gemm: a is {a.dtype} but b is {b.dtype}")
+    M, K = a.shape
+    N = b.shape[0]
+    check_supported(M, N, K, a.dtype, out_dtype)  # the shape rules first: they explain the alignment ones
+    _check_operand("a", a)
+    _check_operand("b", b)
+    if out is None:
+        out = torch.empty((M, N), device=a.device, dtype=out_dtype)
+    elif tuple(out.shape) != (M, N) or out.dtype != out_dtype:
+        raise ValueError(f"gluon_gemm: out must be {(M, N)} {out_dtype}, got {tuple(out.shape)} {out.dtype}")
+    _check_operand("out", out)
+    descs = _descriptors(a, b, out, block_m, block_n, block_k)
+    programs = num_programs or _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    kernel, grid, args, opts = _launch_plan(variant, descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages,
+                                            group_m=group_m, programs=programs, maxnreg=maxnreg,
+                                            load_regs=load_regs, mma_regs=mma_regs)
+    kernel[grid](*args, **opts)
+    return out
+
+
+def compile_for_target(variant="ws_worker", out_dtype=torch.float32, *, target=None, in_dtype=torch.bfloat16,
+                       block_m=128, block_n=128, block_k=64, stages=4, group_m=8, maxnreg=None, load_regs=24,
+                       mma_regs=232):
+    """Compile one variant down to a cubin without launching it; no GPU needed.
+
+    ``target`` defaults to ``GPUTarget("cuda", 90, 32)`` (sm_90a). Returns triton's CompiledKernel, whose
+    ``asm`` holds the ttgir, llir, ptx and cubin. The argument binding mirrors what ``kernel[grid](...)``
+    does (and what triton's own ``triton._filecheck.run_parser`` does), with host CPU tensors standing in
+    for device ones: only their dtype, shape and alignment matter to the compiler.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    _check_config(variant, block_m, block_n, block_k, stages)
+    target = target or GPUTarget("cuda", 90, 32)
+    M, N, K = 1000, 776, 1000  # the shapes are runtime arguments (not specialised): any supported ones do
+    a = torch.empty((M, K), dtype=in_dtype)
+    b = torch.empty((N, K), dtype=in_dtype)
+    out = torch.empty((M, N), dtype=out_dtype)
+    descs = _descriptors(a, b, out, block_m, block_n, block_k)
+    kernel, _, args, opts = _launch_plan(variant, descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages,
+                                         group_m=group_m, programs=132, maxnreg=maxnreg, load_regs=load_regs,
+                                         mma_regs=mma_regs)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound_args, specialization, options = binder(*args, **opts)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, opts, bound_args, specialization, options)
+    src = GluonASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(src, target=target, options=options.__dict__)
