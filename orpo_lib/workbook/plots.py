@@ -381,7 +381,7 @@ def batch_scaling(
     "eval"); references with floor rows of their own are drawn hollow and dotted. A panel with
     nothing to draw says why instead of showing empty axes.
     """
-    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 5.0))
+    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 5.6))
     captions, oom, handles = [], [], {}
     providers = ("floor", "seed_baseline", "baseline", "liger", "fused", "fused_lean")
     shape = {"seq": seq, "hidden": hidden, "vocab": vocab}
@@ -405,7 +405,7 @@ def batch_scaling(
                 mem_ax.plot(*zip(*mem), **line)
                 drawn = True
             if ratios or mem:
-                label = style["label"] + (f", {source.source}" if reference else "")
+                label = style["label"] + (", reference run" if reference else "")  # the caption names its record
                 handles.setdefault(label, Line2D([], [], label=label, **line))
         return drawn
 
@@ -445,10 +445,10 @@ def batch_scaling(
         for batch, provider in oom:
             time_ax.annotate("OOM", (batch, time_ax.get_ylim()[1]), color=STYLE[provider]["color"], fontsize=7, va="top")
     if handles:
-        fig.legend(handles=list(handles.values()), loc="upper center", bbox_to_anchor=(0.5, 0.25), ncol=3, fontsize=8, frameon=False)
+        fig.legend(handles=list(handles.values()), loc="upper center", bbox_to_anchor=(0.5, 0.3), ncol=2, fontsize=8, frameon=False)
     fig.suptitle(f"Scaling with batch, {_shape_label(**shape)}, mode {mode}", fontsize=11)
     add_caption(fig, *captions)
-    fig.subplots_adjust(bottom=0.36, wspace=0.3, top=0.9)
+    fig.subplots_adjust(bottom=0.41, wspace=0.3, top=0.91)
     return fig
 
 
