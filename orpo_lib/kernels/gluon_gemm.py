@@ -13,20 +13,16 @@ row stride and base address 16-byte aligned, so K must be a multiple of 8 (bf16 
 N a multiple of 16 / C's element size (8 for bf16, 4 for float32). ``check_supported`` says so in
 its error.
 
-Three kernels, so that a failure says which piece failed:
+Three partitions. The default partition (the kernel's 4 warps) is the epilogue: it TMA-stores each
+C tile. Worker 0 (4 warps, one warpgroup) waits for operand stages and issues the async
+``warpgroup_mma``; it writes its finished accumulator into shared memory for the epilogue. Worker 1
+(1 warp) is the TMA producer filling a STAGES-deep ring of A and B tiles. Measured on the H200
+(``figures/data/gluon-gate-2026-12-04-h200.json``), this runs at cuBLAS's rate at the logits shape;
+the epilogue, beside the next tile's MMAs, is where the row statistics are to go. The gate also ran
+three diagnostic variants (the MMA worker storing its own tiles; MMA and store in the default
+partition; no warp specialisation): all correct, the last one 7% slower; they are not kept.
 
-* ``ws_worker`` (the gate): three partitions. The default partition (the kernel's 4 warps) is the
-  epilogue: it TMA-stores each C tile. Worker 0 (4 warps, one warpgroup) waits for operand stages and
-  issues the async ``warpgroup_mma``; it writes its finished accumulator into shared memory for the
-  epilogue. Worker 1 (1 warp) is the TMA producer filling a STAGES-deep ring of A and B tiles.
-* ``ws_worker_direct``: ws_worker without the hand-off: the MMA worker stores its own tiles and the
-  default partition does nothing. If ws_worker fails and this passes, the hand-off is at fault.
-* ``ws_default``: two partitions; the warpgroup MMA and the epilogue in the default partition,
-  the 1-warp TMA producer as the only worker (the shape of the triton Hopper tutorials).
-* ``pipelined``: no warp specialisation; one warpgroup prefetches STAGES-1 tiles ahead by TMA and
-  keeps one ``warpgroup_mma`` in flight.
-
-The two warp-specialised kernels are persistent: min(#SMs, #tiles) programs walk the tiles in
+The kernel is persistent: min(#SMs, #tiles) programs walk the tiles in
 groups of GROUP_M row blocks (so concurrently running tiles share B tiles in L2). Every partition
 walks the same tile sequence, so the ring's stage index and phase need no communication beyond the
 mbarriers.
@@ -41,13 +37,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-VARIANTS = {
-    "ws_worker": "warp-specialised: MMA warpgroup as a worker, 1-warp TMA producer, epilogue in the default partition",
-    "ws_worker_direct": "as ws_worker, but the MMA worker TMA-stores its own tiles (no hand-off, idle default)",
-    "ws_default": "warp-specialised: MMA warpgroup + epilogue in the default partition, 1-warp TMA producer",
-    "pipelined": "one warpgroup, TMA prefetch STAGES-1 ahead, one async warpgroup_mma in flight",
-}
 
 _TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
@@ -174,24 +163,6 @@ def _store_partition(c_desc, c_smem, c_ready_bar, c_empty_bar, num_pid_m, num_pi
         t += 1
 
 
-@gluon.jit
-def _mma_store_partition(c_desc, a_bufs, b_bufs, c_smem, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
-                         GROUP_M: gl.constexpr):
-    """ws_default's default partition (4 warps): K loop, then its own TMA-store epilogue."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    num_tiles = num_pid_m * num_pid_n
-    it = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc, it = _mma_tile(a_bufs, b_bufs, ready_bars, empty_bars, it, k_tiles, BLOCK_M, BLOCK_N)
-        tma.store_wait(pendings=0)  # the previous tile's store has finished reading c_smem
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
-    tma.store_wait(pendings=0)
-
-
 # --------------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------------
@@ -233,103 +204,6 @@ def gemm_ws_worker_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr,
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
                            GROUP_M)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])
-
-
-@gluon.jit
-def _idle_partition():
-    pass
-
-
-@gluon.jit(do_not_specialize=["M", "N", "K"])
-def gemm_ws_worker_direct_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                                 LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    k_tiles = gl.cdiv(K, BLOCK_K)
-    gl.warp_specialize([
-        (_idle_partition, ()),
-        (_mma_store_partition, (c_desc, a_bufs, b_bufs, c_smem, ready_bars, empty_bars, num_pid_m, num_pid_n,
-                                k_tiles, GROUP_M)),
-        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
-                           GROUP_M)),
-    ], [4, 1], [MMA_REGS, LOAD_REGS])
-
-
-@gluon.jit(do_not_specialize=["M", "N", "K"])  # shapes reach the kernel via TMA; one compile for all
-def gemm_ws_default_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                           LOAD_REGS: gl.constexpr):
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    k_tiles = gl.cdiv(K, BLOCK_K)
-    gl.warp_specialize([
-        (_mma_store_partition, (c_desc, a_bufs, b_bufs, c_smem, ready_bars, empty_bars, num_pid_m, num_pid_n,
-                                k_tiles, GROUP_M)),
-        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
-                           GROUP_M)),
-    ], [1], [LOAD_REGS])
-
-
-@gluon.jit(do_not_specialize=["M", "N", "K"])  # shapes reach the kernel via TMA; one compile for all
-def gemm_pipelined_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    """No warp specialisation: one tile per program, TMA prefetch STAGES-1 steps ahead."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    pid_m, pid_n = _tile_coords(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-    k_tiles = gl.cdiv(K, BLOCK_K)
-
-    # Prologue: issue the first STAGES-1 loads (predicated off past the end of K).
-    for i in gl.static_range(STAGES - 1):
-        mbarrier.expect(bars.index(i), nbytes, pred=k_tiles > i)
-        tma.async_copy_global_to_shared(a_desc, [off_m, i * BLOCK_K], bars.index(i), a_bufs.index(i),
-                                        pred=k_tiles > i)
-        tma.async_copy_global_to_shared(b_desc, [off_n, i * BLOCK_K], bars.index(i), b_bufs.index(i),
-                                        pred=k_tiles > i)
-
-    mma_layout: gl.constexpr = _mma_layout(BLOCK_N)
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-    for ki in range(k_tiles):
-        s = ki % STAGES
-        mbarrier.wait(bars.index(s), (ki // STAGES) & 1)
-        acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-        # With one group outstanding, step ki-1's wgmma is done, so its stage — the one step
-        # ki+STAGES-1 maps to — can be refilled while step ki computes.
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        nxt = ki + STAGES - 1
-        ns = nxt % STAGES
-        do_load = nxt < k_tiles
-        mbarrier.expect(bars.index(ns), nbytes, pred=do_load)
-        tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BLOCK_K], bars.index(ns), a_bufs.index(ns),
-                                        pred=do_load)
-        tma.async_copy_global_to_shared(b_desc, [off_n, nxt * BLOCK_K], bars.index(ns), b_bufs.index(ns),
-                                        pred=do_load)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
-
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    c_smem.store(acc.to(c_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-    tma.store_wait(pendings=0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -374,40 +248,31 @@ def _descriptors(a, b, out, block_m, block_n, block_k):
             TensorDescriptor.from_tensor(out, [block_m, block_n], c_layout))
 
 
-def _launch_plan(variant, descs, M, N, K, *, block_m, block_n, stages, group_m, programs, maxnreg, load_regs,
-                 mma_regs):
-    """(kernel, grid, positional args, launch options) for one variant: shared by launch and compile-only."""
+def _launch_plan(descs, M, N, K, *, block_m, block_n, stages, group_m, programs, maxnreg, load_regs, mma_regs):
+    """(grid, positional args, launch options) of the kernel: shared by launch and compile-only."""
     num_tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    if variant == "pipelined":
-        return gemm_pipelined_kernel, (num_tiles, ), (*descs, M, N, K, stages, group_m), {"num_warps": 4}
     grid = (max(1, min(programs, num_tiles)), )
-    if variant in ("ws_worker", "ws_worker_direct"):
-        # 4 (default) + 4 (MMA) + 1 (loader) warps, rounded up to 12: 65536 / 384 threads = 170 → 168.
-        opts = {"num_warps": 4, "maxnreg": 168 if maxnreg is None else maxnreg}
-        kernel = gemm_ws_worker_kernel if variant == "ws_worker" else gemm_ws_worker_direct_kernel
-        return kernel, grid, (*descs, M, N, K, stages, group_m, load_regs, mma_regs), opts
-    opts = {"num_warps": 4} if maxnreg is None else {"num_warps": 4, "maxnreg": maxnreg}
-    return gemm_ws_default_kernel, grid, (*descs, M, N, K, stages, group_m, load_regs), opts
+    # 4 (default) + 4 (MMA) + 1 (loader) warps, rounded up to 12: 65536 / 384 threads = 170 → 168.
+    opts = {"num_warps": 4, "maxnreg": 168 if maxnreg is None else maxnreg}
+    return grid, (*descs, M, N, K, stages, group_m, load_regs, mma_regs), opts
 
 
-def _check_config(variant, block_m, block_n, block_k, stages):
-    if variant not in VARIANTS:
-        raise ValueError(f"gluon_gemm: unknown variant {variant!r}; one of {sorted(VARIANTS)}")
+def _check_config(block_m, block_n, block_k, stages):
     if block_m != 128:
         raise ValueError("gluon_gemm: block_m must be 128 (one warpgroup of 4 warps, two m64 wgmma rows)")
     if block_n % 16 or not 16 <= block_n <= 256 or block_k % 16 or not 16 <= block_k <= 128 or stages < 2:
         raise ValueError(f"gluon_gemm: unsupported tile {block_m}x{block_n}x{block_k} / {stages} stages")
 
 
-def gluon_matmul_abt(a, b, out_dtype=torch.float32, *, variant="ws_worker", block_m=128, block_n=128, block_k=64,
+def gluon_matmul_abt(a, b, out_dtype=torch.float32, *, block_m=128, block_n=128, block_k=64,
                      stages=4, group_m=8, num_programs=None, maxnreg=None, load_regs=24, mma_regs=232, out=None):
     """C = a @ b.T with a (M, K), b (N, K); returns C (M, N) in ``out_dtype`` (float32 accumulation).
 
-    ``variant`` is one of ``VARIANTS``. ``num_programs`` caps the persistent grid (default: #SMs).
-    ``maxnreg`` is passed to the compiler (ws_worker defaults to 168); ``load_regs``/``mma_regs`` are
+    ``num_programs`` caps the persistent grid (default: #SMs). ``maxnreg`` is passed to the compiler
+    (default 168); ``load_regs``/``mma_regs`` are
     the register budgets requested for the TMA producer and the MMA warpgroup.
     """
-    _check_config(variant, block_m, block_n, block_k, stages)
+    _check_config(block_m, block_n, block_k, stages)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"gluon_gemm: need a (M, K) and b (N, K), got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.dtype != b.dtype:
@@ -424,17 +289,16 @@ def gluon_matmul_abt(a, b, out_dtype=torch.float32, *, variant="ws_worker", bloc
     _check_operand("out", out)
     descs = _descriptors(a, b, out, block_m, block_n, block_k)
     programs = num_programs or _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
-    kernel, grid, args, opts = _launch_plan(variant, descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages,
-                                            group_m=group_m, programs=programs, maxnreg=maxnreg,
-                                            load_regs=load_regs, mma_regs=mma_regs)
-    kernel[grid](*args, **opts)
+    grid, args, opts = _launch_plan(descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
+                                    programs=programs, maxnreg=maxnreg, load_regs=load_regs, mma_regs=mma_regs)
+    gemm_ws_worker_kernel[grid](*args, **opts)
     return out
 
 
-def compile_for_target(variant="ws_worker", out_dtype=torch.float32, *, target=None, in_dtype=torch.bfloat16,
+def compile_for_target(out_dtype=torch.float32, *, target=None, in_dtype=torch.bfloat16,
                        block_m=128, block_n=128, block_k=64, stages=4, group_m=8, maxnreg=None, load_regs=24,
                        mma_regs=232):
-    """Compile one variant down to a cubin without launching it; no GPU needed.
+    """Compile the kernel down to a cubin without launching it; no GPU needed.
 
     ``target`` defaults to ``GPUTarget("cuda", 90, 32)`` (sm_90a). Returns triton's CompiledKernel, whose
     ``asm`` holds the ttgir, llir, ptx and cubin. The argument binding mirrors what ``kernel[grid](...)``
@@ -446,16 +310,16 @@ def compile_for_target(variant="ws_worker", out_dtype=torch.float32, *, target=N
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
-    _check_config(variant, block_m, block_n, block_k, stages)
+    _check_config(block_m, block_n, block_k, stages)
     target = target or GPUTarget("cuda", 90, 32)
     M, N, K = 1000, 776, 1000  # the shapes are runtime arguments (not specialised): any supported ones do
     a = torch.empty((M, K), dtype=in_dtype)
     b = torch.empty((N, K), dtype=in_dtype)
     out = torch.empty((M, N), dtype=out_dtype)
     descs = _descriptors(a, b, out, block_m, block_n, block_k)
-    kernel, _, args, opts = _launch_plan(variant, descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages,
-                                         group_m=group_m, programs=132, maxnreg=maxnreg, load_regs=load_regs,
-                                         mma_regs=mma_regs)
+    kernel = gemm_ws_worker_kernel
+    _, args, opts = _launch_plan(descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
+                                 programs=132, maxnreg=maxnreg, load_regs=load_regs, mma_regs=mma_regs)
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound_args, specialization, options = binder(*args, **opts)

@@ -39,28 +39,26 @@ def _exact_fp32_reference():
     torch.backends.cuda.matmul.allow_tf32 = old
 
 
-@pytest.mark.parametrize("variant", ["ws_worker", "ws_worker_direct", "ws_default", "pipelined"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_matches_torch(variant, shape, out_dtype):
+def test_matches_torch(shape, out_dtype):
     M, N, K = shape
     gen = torch.Generator(device="cuda").manual_seed(M + N + K)
     a = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
     b = torch.randn(N, K, device="cuda", generator=gen).to(torch.bfloat16)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # an unwritten tile shows as NaN
-    gluon_gemm.gluon_matmul_abt(a, b, out_dtype, variant=variant, out=out)
+    gluon_gemm.gluon_matmul_abt(a, b, out_dtype, out=out)
     ref = reference(a, b)
     assert torch.isfinite(out).all()
     err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
     assert err < (1e-4 if out_dtype == torch.float32 else 1e-2), err  # a wrong tile is off by O(1)
 
 
-@pytest.mark.parametrize("variant", ["ws_worker", "ws_worker_direct", "ws_default"])
-def test_persistent_grid_sizes_agree(variant):
+def test_persistent_grid_sizes_agree():
     """One program for all tiles, and one per tile, give the bits the default grid gives."""
     a = torch.randn(520, 392, device="cuda").to(torch.bfloat16)
     b = torch.randn(648, 392, device="cuda").to(torch.bfloat16)
-    runs = [gluon_gemm.gluon_matmul_abt(a, b, variant=variant, num_programs=p) for p in (None, 1, 10_000)]
+    runs = [gluon_gemm.gluon_matmul_abt(a, b, num_programs=p) for p in (None, 1, 10_000)]
     assert all(torch.equal(runs[0], r) for r in runs[1:])
     torch.testing.assert_close(runs[0], reference(a, b), rtol=1e-4, atol=1e-3)
 
@@ -83,5 +81,5 @@ def test_bad_operands_raise():
         gluon_gemm.gluon_matmul_abt(a.T, a)
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         gluon_gemm.gluon_matmul_abt(a.float(), a.float())
-    with pytest.raises(ValueError, match="unknown variant"):
-        gluon_gemm.gluon_matmul_abt(a, a, variant="nope")
+    with pytest.raises(ValueError, match="block_m must be 128"):
+        gluon_gemm.gluon_matmul_abt(a, a, block_m=64)

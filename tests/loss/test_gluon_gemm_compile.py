@@ -16,8 +16,8 @@ def _region(ttgir, start, end):
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_ws_worker_compiles_with_wgmma_in_the_worker(out_dtype):
-    kernel = gluon_gemm.compile_for_target("ws_worker", out_dtype)
+def test_compiles_with_wgmma_in_the_worker(out_dtype):
+    kernel = gluon_gemm.compile_for_target(out_dtype)
     ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
     mma = _region(ttgir, "partition0(", "partition1(")
     load = _region(ttgir, "partition1(", None)
@@ -27,13 +27,6 @@ def test_ws_worker_compiles_with_wgmma_in_the_worker(out_dtype):
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16", ptx)
     assert "setmaxnreg.inc.sync.aligned.u32" in ptx  # registers moved from the producer to the MMA warps
     assert kernel.metadata.num_warps == 12 and kernel.metadata.shared <= H200_SMEM_BYTES
-
-
-@pytest.mark.parametrize("variant", ["ws_worker_direct", "ws_default", "pipelined"])
-def test_fallbacks_compile(variant):
-    kernel = gluon_gemm.compile_for_target(variant, torch.bfloat16)
-    assert "wgmma.mma_async" in kernel.asm["ptx"] and "cp.async.bulk.tensor.2d" in kernel.asm["ptx"]
-    assert kernel.metadata.shared <= H200_SMEM_BYTES
 
 
 @pytest.mark.parametrize("M,N,K,out_dtype,match", [
