@@ -11,10 +11,18 @@ from .causal_lm import fused_orpo_loss_for_batch, trl_metrics
 
 class FusedORPOTrainer(ORPOTrainer):
     """``ORPOTrainer`` whose loss is ``fused_orpo_loss_for_batch``: the same loss, gradients and logged metrics,
-    without the (B, T, V) logits. Decoder-only models, one process (the decoder is called directly, outside
-    any distributed wrapper of the model)."""
+    without the (B, T, V) logits. Decoder-only models, one process: the decoder is called directly, outside
+    any distributed wrapper of the model, so several processes are refused."""
 
     def get_batch_loss_metrics(self, model, batch, train_eval="train"):
+        if self.accelerator.num_processes > 1:
+            # Outside its DistributedDataParallel wrapper the decoder's gradients are never all-reduced: the
+            # replicas would drift apart silently.
+            raise NotImplementedError(
+                f"FusedORPOTrainer runs in one process, not {self.accelerator.num_processes}: it calls the decoder "
+                "outside the model's distributed wrapper, so gradients would not be synchronised. For data parallel "
+                "training, wrap a module whose forward returns fused_linear_orpo_loss(...).loss in "
+                "DistributedDataParallel (tests/distributed/test_data_parallel.py)")
         if self.aux_loss_enabled:
             raise NotImplementedError("fused ORPO does not add a router auxiliary loss (output_router_logits)")
         concatenated = self.concatenated_inputs(batch, is_encoder_decoder=self.is_encoder_decoder,

@@ -148,3 +148,14 @@ def test_softcapped_logits_are_refused():
     ids = torch.randint(4, 100, (2, 6))
     with pytest.raises(NotImplementedError, match="final_logit_softcapping"):
         fused_orpo_loss_for_batch(model, ids, torch.ones_like(ids), ids, beta=0.1)
+
+
+def test_several_processes_are_refused_before_any_work(tmp_path, monkeypatch):
+    """Under data parallelism the unwrapped decoder's gradients would never be all-reduced: a clear error instead."""
+    model = tiny_llama()
+    fused = trainer(FusedORPOTrainer, model, tmp_path)
+    batch = next(iter(fused.get_train_dataloader()))
+    monkeypatch.setattr(type(fused.accelerator), "num_processes", property(lambda self: 2))
+    with pytest.raises(NotImplementedError, match="one process, not 2"):
+        fused.get_batch_loss_metrics(model, batch)
+    assert all(p.grad is None for p in model.parameters())
