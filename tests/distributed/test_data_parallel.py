@@ -8,10 +8,12 @@ gradient of the one-process loss on the whole batch. With unequal NLL token coun
 one-process NLL weights rank r's local NLL by N_r / N, DDP by 1 / world size. Both are checked exactly.
 """
 
+import importlib.util
 import os
 import socket
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +21,21 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from conftest import make_problem, rel_err, with_trl_labels
 from orpo_lib import fused_linear_orpo_loss
+
+
+def _shared_test_helpers():
+    """tests/conftest.py, loaded by its path: the spawned ranks import this module with the parent's
+    sys.path, where another folder's conftest.py (tests/ui's) may come first under the same name."""
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("orpo_shared_test_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_problem, rel_err, with_trl_labels = (getattr(_shared_test_helpers(), name)
+                                          for name in ("make_problem", "rel_err", "with_trl_labels"))
 
 WORLD = 2
 PAIRS, SEQ, HIDDEN, VOCAB = 4, 6, 16, 37
