@@ -251,12 +251,8 @@ def add_block_grads(sums: GradSums, block: Block, weight, token_order: bool) -> 
 
 
 def _mm(a, b, out_dtype):
-    """a @ b with an ``out_dtype`` result (products accumulate in float32 whatever the operand dtype)."""
-    if a.dtype == out_dtype:
-        return torch.mm(a, b)
-    if a.is_cuda:
-        return torch.mm(a, b, out_dtype=out_dtype)
-    return torch.mm(a.to(out_dtype), b.to(out_dtype))
+    """a @ b as a new tensor of ``out_dtype`` (products summed in float32 whatever the operand dtype)."""
+    return mm_into(a.new_empty(a.shape[0], b.shape[1], dtype=out_dtype), a, b)
 
 
 def accumulate_mm(acc, a, b):
@@ -270,13 +266,12 @@ def accumulate_mm(acc, a, b):
 
 
 def mm_into(out, a, b):
-    """out = a @ b, the products summed in float32 (or out's dtype) and rounded once to out's dtype."""
+    """out = a @ b, the products summed in float32 (or out's dtype) and rounded once to out's dtype; returns out."""
     if a.dtype == out.dtype:
-        torch.mm(a, b, out=out)
-    elif a.is_cuda:
-        torch.mm(a, b, out_dtype=out.dtype, out=out)
-    else:
-        torch.mm(a.to(out.dtype), b.to(out.dtype), out=out)
+        return torch.mm(a, b, out=out)
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=out.dtype, out=out)
+    return torch.mm(a.to(out.dtype), b.to(out.dtype), out=out)
 
 
 # ---- the steps of one call ----------------------------------------------------------------------

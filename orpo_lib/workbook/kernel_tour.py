@@ -15,7 +15,7 @@ from .. import kernels, schedule
 from ..kernels.row_grads import row_grads_kernel, target_columns
 from ..kernels.row_layout import block_v
 from ..kernels.row_stats import log_probs, row_stats_kernel
-from .memory import chunk_row_limit
+from .memory import chunk_row_limit, one_pass_fits
 
 # Where a toy row keeps its near-certain target: the target logit this far above the row's largest other.
 NEAR_CERTAIN_MARGIN = 30.0
@@ -185,12 +185,10 @@ def chunk_plan(batch: int, seq: int, chunk_rows: int = 0, hidden: int = 4096, vo
         raise ValueError(f"batch must be even (chosen half, rejected half), got {batch}")
     limit = chunk_row_limit(batch, seq, chunk_rows or None, vocab, dtype_bytes, hidden)
     source = "given" if chunk_rows else f"the library's default at H={hidden}, V={vocab}, {dtype_bytes}-byte logits"
-    pairs, cpu = batch // 2, torch.device("cpu")
+    pairs = batch // 2
     groups = schedule.plan_chunks([2 * seq] * pairs, limit)
     if not chunk_rows:  # the automatic chunk size: a long pair takes one pass where its sums fit the budget
-        sums = schedule.one_pass_bytes(2 * seq, hidden, vocab, nll_only_rows=0, sum_itemsize=4, stats_itemsize=4,
-                                       grad_hidden=True, grad_weight=True, grad_bias=False)
-        one_pass = schedule.choose_one_pass([True] * pairs, [sums] * pairs, schedule.one_pass_budget(None, cpu))
+        one_pass = [one_pass_fits(seq, hidden, vocab, dtype_bytes, dw_fp32=True)] * pairs
         groups = schedule.plan_passes(groups, [seq] * pairs, [0] * pairs, one_pass, schedule.one_pass_block_rows(limit))
     return ChunkPlan(batch, seq, limit, source, groups)
 
