@@ -32,6 +32,18 @@ def check(problem, tol=TOLERANCE[torch.float32], upstream=1.0, **options):
     return out, grads
 
 
+def assert_second_backward_adds_the_same(problem):
+    """A second backward through the retained graph adds exactly the first one's gradients again."""
+    leaves = [problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias")]
+    loss = orpo_lib.fused_linear_orpo_loss(*leaves[:2], problem["target"], leaves[2],
+                                           nll_target=problem["nll_target"]).loss
+    (loss * 0.5).backward(retain_graph=True)
+    first = [leaf.grad.clone() for leaf in leaves]
+    (loss * 0.5).backward()
+    for leaf, grad in zip(leaves, first):
+        assert torch.equal(leaf.grad, 2 * grad)
+
+
 # ---- the schedule -------------------------------------------------------------------------------
 
 def test_eligible_pairs_are_those_without_one_pass_blockers():
@@ -162,13 +174,7 @@ def test_upstream_gradient_and_second_backward(logit_rows):
     problem = make_problem(4, 9, H, V, with_bias=True, seed=24)
     logit_rows(problem, 5)
     check(problem, upstream=-2.5)
-    leaves = [problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias")]
-    loss = orpo_lib.fused_linear_orpo_loss(*leaves[:2], problem["target"], leaves[2]).loss
-    (loss * 0.5).backward(retain_graph=True)
-    first = [leaf.grad.clone() for leaf in leaves]
-    (loss * 0.5).backward()
-    for leaf, grad in zip(leaves, first):
-        assert torch.equal(leaf.grad, 2 * grad)
+    assert_second_backward_adds_the_same(problem)
 
 
 def test_deterministic_in_one_pass(logit_rows):
@@ -325,14 +331,7 @@ def test_trl_labels_upstream_gradient_and_second_backward(logit_rows):
     problem = trl_problem(2, seed=33)
     logit_rows(problem, 5)
     check(problem, upstream=-2.5)
-    leaves = [problem[k].clone().requires_grad_() for k in ("hidden", "weight", "bias")]
-    loss = orpo_lib.fused_linear_orpo_loss(*leaves[:2], problem["target"], leaves[2],
-                                           nll_target=problem["nll_target"]).loss
-    (loss * 0.5).backward(retain_graph=True)
-    first = [leaf.grad.clone() for leaf in leaves]
-    (loss * 0.5).backward()
-    for leaf, grad in zip(leaves, first):
-        assert torch.equal(leaf.grad, 2 * grad)
+    assert_second_backward_adds_the_same(problem)
 
 
 def test_trl_labels_float64_and_gradcheck(logit_rows):
