@@ -125,41 +125,54 @@ def _mma_tile(a_bufs, b_bufs, ready_bars, empty_bars, it, k_tiles, BLOCK_M: gl.c
 
 
 @gluon.jit
-def _mma_to_smem_partition(a_bufs, b_bufs, c_smem, ready_bars, empty_bars, c_ready_bar, c_empty_bar, num_pid_m,
-                           num_pid_n, k_tiles):
-    """ws_worker's MMA warpgroup (a 4-warp worker): K loop, then hand the tile to the epilogue via smem."""
-    BLOCK_M: gl.constexpr = c_smem.type.shape[0]
-    BLOCK_N: gl.constexpr = c_smem.type.shape[1]
+def _mma_to_smem_partition(a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars, turn_bars,
+                           num_pid_m, num_pid_n, k_tiles, WG: gl.constexpr):
+    """An MMA warpgroup (a 4-warp worker): K loop, then hand the tile to the epilogue via its own c buffer.
+
+    With several MMA warpgroups (``c_bufs.shape[0]`` of them), warpgroup WG takes every WG-th tile of the
+    program's sequence: while one stores its finished tile, the next one's K loop keeps the tensor cores
+    busy. Each tile's K steps keep their place in the ring's order (tile t's steps are t·k_tiles onwards),
+    so the producer needs to know nothing about the warpgroups. The K loops take turns (``turn_bars``):
+    a ring barrier's wait only knows a phase's parity, so a warpgroup that waited for a stage two
+    phases ahead of the other would take the other's data for its own.
+    """
+    NUM_WG: gl.constexpr = c_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = c_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = c_bufs.type.shape[2]
+    c_smem = c_bufs.index(WG)
     num_tiles = num_pid_m * num_pid_n
-    it = 0
-    t = 0  # tiles done by this program: parity of the C hand-off barriers
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        acc, it = _mma_tile(a_bufs, b_bufs, ready_bars, empty_bars, it, k_tiles, BLOCK_M, BLOCK_N)
-        # The epilogue must have finished storing the previous tile out of c_smem.
-        mbarrier.wait(c_empty_bar, (t & 1) ^ 1)
+    j = 0  # tiles done by this warpgroup: parity of its hand-off barriers
+    for tile in range(gl.program_id(0) + WG * gl.num_programs(0), num_tiles, NUM_WG * gl.num_programs(0)):
+        if NUM_WG > 1:  # wait for the previous warpgroup's K loop; warpgroup 0's first turn is free
+            mbarrier.wait(turn_bars.index(WG), (j & 1) ^ (WG == 0))
+        acc, _ = _mma_tile(a_bufs, b_bufs, ready_bars, empty_bars, (WG + j * NUM_WG) * k_tiles, k_tiles, BLOCK_M,
+                           BLOCK_N)
+        if NUM_WG > 1:
+            mbarrier.arrive(turn_bars.index((WG + 1) % NUM_WG))
+        # The epilogue must have finished with this warpgroup's previous tile in c_smem.
+        mbarrier.wait(c_empty_bars.index(WG), (j & 1) ^ 1)
         c_smem.store(acc.to(c_smem.dtype))
         # Generic-proxy writes to smem must be fenced before the async proxy (the TMA store) reads them.
         fence_async_shared()
-        mbarrier.arrive(c_ready_bar)
-        t += 1
+        mbarrier.arrive(c_ready_bars.index(WG))
+        j += 1
 
 
 @gluon.jit
-def _store_partition(c_desc, c_smem, c_ready_bar, c_empty_bar, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    """ws_worker's epilogue (default partition): TMA-store each finished C tile, then free c_smem.
-
-    This is where stage 2's row statistics will read the tile; for now it only stores it.
-    """
+def _store_partition(c_desc, c_bufs, c_ready_bars, c_empty_bars, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """ws_worker's epilogue (default partition): TMA-store each finished C tile, then free its buffer."""
+    NUM_WG: gl.constexpr = c_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     num_tiles = num_pid_m * num_pid_n
     t = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        mbarrier.wait(c_ready_bar, t & 1)
-        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
-        tma.store_wait(pendings=0)  # c_smem has been read out; the MMA warpgroup may overwrite it
-        mbarrier.arrive(c_empty_bar)
+        wg = t % NUM_WG  # the warpgroup that computed this tile
+        mbarrier.wait(c_ready_bars.index(wg), (t // NUM_WG) & 1)
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_bufs.index(wg))
+        tma.store_wait(pendings=0)  # the buffer has been read out; its warpgroup may overwrite it
+        mbarrier.arrive(c_empty_bars.index(wg))
         t += 1
 
 
@@ -171,12 +184,17 @@ def _store_partition(c_desc, c_smem, c_ready_bar, c_empty_bar, num_pid_m, num_pi
 def _alloc_ring(a_desc, b_desc, STAGES: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)  # one arrival: the producer's expect (+ tx bytes)
-        mbarrier.init(empty_bars.index(i), count=1)  # one arrival: the MMA warpgroup's release
+    ready_bars = _alloc_barriers(STAGES)  # one arrival each: the producer's expect (+ tx bytes)
+    empty_bars = _alloc_barriers(STAGES)  # one arrival each: the MMA warpgroup's release
     return a_bufs, b_bufs, ready_bars, empty_bars
+
+
+@gluon.jit
+def _alloc_barriers(count: gl.constexpr):
+    bars = gl.allocate_shared_memory(gl.int64, [count, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(count):
+        mbarrier.init(bars.index(i), count=1)
+    return bars
 
 
 @gluon.jit(do_not_specialize=["M", "N", "K"])  # shapes reach the kernel via TMA; one compile for all
@@ -186,11 +204,10 @@ def gemm_ws_worker_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr,
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    c_ready_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    c_empty_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(c_ready_bar, count=1)
-    mbarrier.init(c_empty_bar, count=1)
+    # the C tile's hand-off from the MMA warpgroup to the epilogue: a buffer, its ready and empty barriers
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [1, BLOCK_M, BLOCK_N], c_desc.layout)
+    c_ready_bars = _alloc_barriers(1)
+    c_empty_bars = _alloc_barriers(1)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -198,9 +215,9 @@ def gemm_ws_worker_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr,
     # entry is the default partition (the kernel's num_warps), the rest run in extra warps. The
     # compiler places a 4-warp worker on a warpgroup boundary, which wgmma needs.
     gl.warp_specialize([
-        (_store_partition, (c_desc, c_smem, c_ready_bar, c_empty_bar, num_pid_m, num_pid_n, GROUP_M)),
-        (_mma_to_smem_partition, (a_bufs, b_bufs, c_smem, ready_bars, empty_bars, c_ready_bar, c_empty_bar,
-                                  num_pid_m, num_pid_n, k_tiles)),
+        (_store_partition, (c_desc, c_bufs, c_ready_bars, c_empty_bars, num_pid_m, num_pid_n, GROUP_M)),
+        (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
+                                  c_ready_bars, num_pid_m, num_pid_n, k_tiles, 0)),  # (one warpgroup: no turns)
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
                            GROUP_M)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])
@@ -301,25 +318,29 @@ def compile_for_target(out_dtype=torch.float32, *, target=None, in_dtype=torch.b
     """Compile the kernel down to a cubin without launching it; no GPU needed.
 
     ``target`` defaults to ``GPUTarget("cuda", 90, 32)`` (sm_90a). Returns triton's CompiledKernel, whose
-    ``asm`` holds the ttgir, llir, ptx and cubin. The argument binding mirrors what ``kernel[grid](...)``
-    does (and what triton's own ``triton._filecheck.run_parser`` does), with host CPU tensors standing in
-    for device ones: only their dtype, shape and alignment matter to the compiler.
+    ``asm`` holds the ttgir, llir, ptx and cubin.
     """
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
     _check_config(block_m, block_n, block_k, stages)
-    target = target or GPUTarget("cuda", 90, 32)
     M, N, K = 1000, 776, 1000  # the shapes are runtime arguments (not specialised): any supported ones do
     a = torch.empty((M, K), dtype=in_dtype)
     b = torch.empty((N, K), dtype=in_dtype)
     out = torch.empty((M, N), dtype=out_dtype)
     descs = _descriptors(a, b, out, block_m, block_n, block_k)
-    kernel = gemm_ws_worker_kernel
     _, args, opts = _launch_plan(descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
                                  programs=132, maxnreg=maxnreg, load_regs=load_regs, mma_regs=mma_regs)
+    return compile_kernel(gemm_ws_worker_kernel, args, opts, target)
+
+
+def compile_kernel(kernel, args, opts, target=None):
+    """Compile a Gluon kernel for ``args`` (host CPU tensors standing in for device ones: only their dtype,
+    shape and alignment matter to the compiler) without launching it. The argument binding mirrors what
+    ``kernel[grid](...)`` does (and what triton's own ``triton._filecheck.run_parser`` does)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    target = target or GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound_args, specialization, options = binder(*args, **opts)

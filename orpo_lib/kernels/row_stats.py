@@ -115,3 +115,56 @@ def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, lse,
         logits, logits.stride(0), target, nll_target, token, logp, nll_logp, logit_sum, lse, vocab,
         BLOCK_V=block, SLOT=stats_slot(block), num_warps=launch.num_warps,
     )
+
+
+@triton.jit(do_not_specialize=["C", "TILES"])  # (a 1 would become a constant without its .to)
+def fold_row_stats_kernel(
+    partial_ptr,  # (3, TILES, C) fp32: per column tile, each row's max, sum of exp(logit - max) without the
+    #               target's term, and logit sum (gluon_row_stats' epilogue)
+    target_logit_ptr,  # (C,) fp32 the target's logit, read only where the row has a target
+    nll_logit_ptr,  # (C,) fp32 the NLL target's logit, likewise
+    target_ptr, nll_target_ptr, token_ptr,  # as row_stats_kernel's
+    logp_ptr, nll_logp_ptr, logit_sum_ptr, lse_ptr,  # (B*T,) fp32 out, as row_stats_kernel's
+    C, TILES,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_TILES: tl.constexpr,
+):
+    # BLOCK_ROWS adjacent rows per program, so that each tile's partials are one contiguous load.
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    in_rows = rows < C
+    read_rows = tl.minimum(rows, C - 1)  # rows past the chunk read its last row's partials, and store nothing
+    plane = TILES.to(tl.int64) * C
+    row_max = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+    other_sum = tl.zeros([BLOCK_ROWS], tl.float32)
+    logit_sum = tl.zeros([BLOCK_ROWS], tl.float32)
+    for start in range(0, TILES, BLOCK_TILES):
+        tiles = start + tl.arange(0, BLOCK_TILES)
+        mask = (tiles < TILES)[:, None]
+        at = tiles.to(tl.int64)[:, None] * C + read_rows[None, :]
+        tile_max = tl.load(partial_ptr + at, mask=mask, other=float("-inf"))
+        tile_sum = tl.load(partial_ptr + plane + at, mask=mask, other=0.0)
+        logit_sum += tl.sum(tl.load(partial_ptr + 2 * plane + at, mask=mask, other=0.0), axis=0)
+        new_max = tl.maximum(row_max, tl.max(tile_max, axis=0))
+        # every row has a finite maximum from its first tile on
+        other_sum = other_sum * tl.exp(row_max - new_max) + tl.sum(tile_sum * tl.exp(tile_max - new_max[None, :]), axis=0)
+        row_max = new_max
+    target = tl.load(target_ptr + rows, mask=in_rows, other=-1)
+    nll_target = tl.load(nll_target_ptr + rows, mask=in_rows, other=-1)
+    token = tl.load(token_ptr + rows, mask=in_rows, other=0)
+    target_logit = tl.load(target_logit_ptr + rows, mask=in_rows & (target >= 0), other=0.0)
+    nll_logit = tl.load(nll_logit_ptr + rows, mask=in_rows & (nll_target >= 0), other=0.0)
+    lse, logp, nll_logp = log_probs(row_max, other_sum, target_logit, nll_logit, target, nll_target)
+    tl.store(logp_ptr + token, tl.where(target >= 0, logp, 0.0), mask=in_rows)
+    tl.store(nll_logp_ptr + token, tl.where(nll_target >= 0, nll_logp, 0.0), mask=in_rows)
+    tl.store(logit_sum_ptr + token, logit_sum, mask=in_rows)
+    tl.store(lse_ptr + token, lse, mask=in_rows)
+
+
+def fold_row_stats(partials, target_logit, nll_logit, target, nll_target, token, logp, nll_logp, logit_sum, lse,
+                   *, block_rows: int = 128, block_tiles: int = 8) -> None:
+    """Launch ``fold_row_stats_kernel``: a (3, tiles, C) float32 block of partials into the per-token outputs."""
+    _, tiles, rows = partials.shape
+    fold_row_stats_kernel[(triton.cdiv(rows, block_rows),)](
+        partials, target_logit, nll_logit, target, nll_target, token, logp, nll_logp, logit_sum, lse, rows, tiles,
+        BLOCK_ROWS=block_rows, BLOCK_TILES=block_tiles,
+    )

@@ -1,0 +1,267 @@
+"""The row statistics inside the logits GEMM (Gluon, Hopper): X·Wᵀ whose epilogue reduces each tile.
+
+``gluon_gemm``'s warp-specialised GEMM (a TMA producer warp, an MMA warpgroup handing each finished
+tile through shared memory) with another epilogue partition: instead of only storing the tile, it reads
+the tile back from shared memory in column slices, rounded to the inputs' dtype as a stored logits
+buffer would be, and reduces each of its rows to partial statistics, while the MMA warpgroup computes
+the next tile. Per (row, column tile):
+
+* the tile's maximum logit, and the sum of exp(logit - maximum) over its columns except the target's;
+* the sum of its logits;
+* the target's and the NLL target's logit, written straight to per-row outputs by the one tile that
+  holds each column.
+
+``fold_row_stats`` (``row_stats.fold_row_stats_kernel``, plain Triton) combines a row's partials
+into exactly what ``row_stats_kernel`` writes: log-sum-exp, the two log-probs and the logit sum at the
+row's token index. With ``logits`` given, the epilogue also TMA-stores the tile there, so that the
+training path gets its logits and their statistics from one kernel and skips the separate read.
+
+Partials cost 12 bytes per row and column tile (3·4 B / 128 columns: 0.05 bytes per logit against 2 for
+a bf16 logits buffer), so the no-grad path needs no logits buffer at all.
+"""
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from . import gluon_gemm
+from .gluon_gemm import _alloc_barriers, _alloc_ring, _load_partition, _mma_to_smem_partition, _tile_coords
+from .row_stats import fold_row_stats
+
+LOG2E = gl.constexpr(1.4426950408889634)  # exp(x) = exp2(x·log2 e), which is what the hardware has
+
+
+# Row reductions through gl.reduce with these combine functions rather than gl.sum and gl.max, whose
+# combine functions are plain @triton.jit ones: without a GPU those become interpreted functions, which
+# the Gluon compiler cannot inline, and the kernel must still compile there (its CPU test).
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _maximum(a, b):
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _row_sum(x):
+    return gl.reduce(x, 1, _add)
+
+
+@gluon.jit
+def _tile_row_stats(c_smem, off_n, N, target, nll_target, layout: gl.constexpr, SLICE_N: gl.constexpr,
+                    CHECKED: gl.constexpr):
+    """One tile's per-row max, sum of exp(logit - max) without the target's term, logit sum, and the two
+    target logits (0 where the target is not in the tile). Unless CHECKED, the caller knows that no row's
+    target or NLL target is in the tile and that every column is in the vocabulary: no column is compared."""
+    BLOCK_M: gl.constexpr = c_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = c_smem.type.shape[1]
+    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    run_max = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+    run_sum = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+    logit_sum = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+    target_logit = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+    nll_logit = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+    for j in gl.static_range(BLOCK_N // SLICE_N):
+        z = c_smem.slice(j * SLICE_N, SLICE_N, dim=1).load(layout).to(gl.float32)
+        if CHECKED:
+            cols = off_n + j * SLICE_N + gl.arange(0, SLICE_N, layout=col_layout)
+            in_vocab = (cols < N)[None, :]
+            is_target = cols[None, :] == target[:, None]
+            target_logit += _row_sum(gl.where(is_target, z, 0.0))
+            nll_logit += _row_sum(gl.where(cols[None, :] == nll_target[:, None], z, 0.0))
+            logit_sum += _row_sum(gl.where(in_vocab, z, 0.0))
+            z = gl.where(in_vocab, z, float("-inf"))
+        else:
+            logit_sum += _row_sum(z)
+        # The first slice always has a column in the vocabulary, so new_max is finite from there on; a slice
+        # past the vocabulary's end adds exp(-inf) = 0.
+        new_max = gl.maximum(run_max, gl.reduce(z, 1, _maximum))
+        terms = gl.exp2((z - new_max[:, None]) * LOG2E)
+        if CHECKED:
+            terms = gl.where(is_target, 0.0, terms)
+        run_sum = run_sum * gl.exp2((run_max - new_max) * LOG2E) + _row_sum(terms)
+        run_max = new_max
+    return run_max, run_sum, logit_sum, target_logit, nll_logit
+
+
+@gluon.jit
+def _row_stats_partition(c_bufs, c_ready_bars, c_empty_bars, logits_desc, target_ptr, nll_target_ptr, partial_ptr,
+                         target_logit_ptr, nll_logit_ptr, M, N, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
+                         SLICE_N: gl.constexpr, ALWAYS_CHECKED: gl.constexpr):
+    """The epilogue (default partition, 4 warps): each finished tile's per-row partial statistics."""
+    NUM_WG: gl.constexpr = c_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = c_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = c_bufs.type.shape[2]
+    # One row per thread, SLICE_N columns of it at a time (16-byte shared-memory reads): every row
+    # reduction stays within a thread, no shuffles.
+    layout: gl.constexpr = gl.BlockedLayout([1, SLICE_N], [32, 1], [4, 1], [1, 0])
+    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    plane = gl.cdiv(N, BLOCK_N).to(gl.int64) * M  # partials: (3, column tiles, M) float32
+    num_tiles = num_pid_m * num_pid_n
+    t = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
+        in_rows = rows < M
+        target = gl.load(target_ptr + rows, mask=in_rows, other=-1)
+        nll_target = gl.load(nll_target_ptr + rows, mask=in_rows, other=-1)
+        target_here = in_rows & (target >= off_n) & (target < off_n + BLOCK_N)
+        nll_here = in_rows & (nll_target >= off_n) & (nll_target < off_n + BLOCK_N)
+        # Most tiles hold no row's target (about BLOCK_M / V of them do) and no column past the vocabulary:
+        # those take the loop without a single comparison.
+        if ALWAYS_CHECKED:
+            checked = off_n >= 0
+        else:
+            checked = (off_n + BLOCK_N > N) | (gl.reduce((target_here | nll_here).to(gl.int32), 0, _maximum) > 0)
+        wg = t % NUM_WG  # the MMA warpgroup that computed this tile
+        c_smem = c_bufs.index(wg)
+        mbarrier.wait(c_ready_bars.index(wg), (t // NUM_WG) & 1)
+        if logits_desc is not None:
+            tma.async_copy_shared_to_global(logits_desc, [off_m, off_n], c_smem)  # TMA clips the edges
+        if checked:
+            run_max, run_sum, logit_sum, target_logit, nll_logit = _tile_row_stats(
+                c_smem, off_n, N, target, nll_target, layout, SLICE_N, True)
+        else:
+            run_max, run_sum, logit_sum, target_logit, nll_logit = _tile_row_stats(
+                c_smem, off_n, N, target, nll_target, layout, SLICE_N, False)
+        if logits_desc is not None:
+            tma.store_wait(pendings=0)
+        mbarrier.arrive(c_empty_bars.index(wg))  # c_smem is read out: the MMA warpgroup may write the next tile
+        at = pid_n.to(gl.int64) * M + rows
+        gl.store(partial_ptr + at, run_max, mask=in_rows)
+        gl.store(partial_ptr + plane + at, run_sum, mask=in_rows)
+        gl.store(partial_ptr + 2 * plane + at, logit_sum, mask=in_rows)
+        gl.store(target_logit_ptr + rows, target_logit, mask=target_here)
+        gl.store(nll_logit_ptr + rows, nll_logit, mask=nll_here)
+        t += 1
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K"])
+def logits_row_stats_kernel(a_desc, b_desc, logits_desc, target_ptr, nll_target_ptr, partial_ptr, target_logit_ptr,
+                            nll_logit_ptr, M, N, K, C_LAYOUT: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr, GROUP_M: gl.constexpr, SLICE_N: gl.constexpr, NUM_WG: gl.constexpr, ALWAYS_CHECKED: gl.constexpr,
+                            LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
+    # a tile buffer per MMA warpgroup, in the inputs' dtype, with its ready and empty barriers
+    c_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_WG, BLOCK_M, BLOCK_N], C_LAYOUT)
+    c_ready_bars = _alloc_barriers(NUM_WG)
+    c_empty_bars = _alloc_barriers(NUM_WG)
+    turn_bars = _alloc_barriers(NUM_WG)  # the MMA warpgroups' K loops take turns
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    # (the partitions are spelled out in each call: the list cannot be built from variables)
+    if NUM_WG == 1:
+        gl.warp_specialize([
+            (_row_stats_partition, (c_bufs, c_ready_bars, c_empty_bars, logits_desc, target_ptr, nll_target_ptr,
+                                    partial_ptr, target_logit_ptr, nll_logit_ptr, M, N, num_pid_m, num_pid_n,
+                                    GROUP_M, SLICE_N, ALWAYS_CHECKED)),
+            (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
+                                      turn_bars, num_pid_m, num_pid_n, k_tiles, 0)),
+            (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n,
+                               k_tiles, GROUP_M)),
+        ], [4, 1], [MMA_REGS, LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_row_stats_partition, (c_bufs, c_ready_bars, c_empty_bars, logits_desc, target_ptr, nll_target_ptr,
+                                    partial_ptr, target_logit_ptr, nll_logit_ptr, M, N, num_pid_m, num_pid_n,
+                                    GROUP_M, SLICE_N, ALWAYS_CHECKED)),
+            (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
+                                      turn_bars, num_pid_m, num_pid_n, k_tiles, 0)),
+            (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
+                                      turn_bars, num_pid_m, num_pid_n, k_tiles, 1)),
+            (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n,
+                               k_tiles, GROUP_M)),
+        ], [4, 4, 1], [MMA_REGS, MMA_REGS, LOAD_REGS])
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------------
+
+BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, SLICE_N = 128, 128, 64, 4, 8, 16
+MMA_WARPGROUPS = 2
+ALWAYS_CHECKED = False
+
+
+def check_supported(x, weight, logits=None) -> None:
+    """Raise ValueError unless this kernel can take these operands (dtype, shapes, TMA alignment)."""
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        raise ValueError(f"logits_row_stats: x and weight must both be bfloat16 or float16, got {x.dtype} and "
+                         f"{weight.dtype}")
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"logits_row_stats: need x (M, H) and weight (V, H), got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    gluon_gemm.check_supported(x.shape[0], weight.shape[0], x.shape[1], x.dtype, x.dtype)
+    gluon_gemm._check_operand("x", x)
+    gluon_gemm._check_operand("weight", weight)
+    if logits is not None:
+        if tuple(logits.shape) != (x.shape[0], weight.shape[0]) or logits.dtype != x.dtype:
+            raise ValueError(f"logits_row_stats: logits must be {(x.shape[0], weight.shape[0])} {x.dtype}, got "
+                             f"{tuple(logits.shape)} {logits.dtype}")
+        gluon_gemm._check_operand("logits", logits)
+
+
+def _launch_plan(x, weight, logits, target, nll_target, partials, target_logit, nll_logit, programs):
+    in_gl = gluon_gemm._TORCH_TO_GL[x.dtype]
+    c_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], in_gl)
+    a_desc = gluon_gemm.TensorDescriptor.from_tensor(
+        x, [BLOCK_M, BLOCK_K], gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], in_gl))
+    b_desc = gluon_gemm.TensorDescriptor.from_tensor(
+        weight, [BLOCK_N, BLOCK_K], gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], in_gl))
+    logits_desc = None if logits is None else gluon_gemm.TensorDescriptor.from_tensor(logits, [BLOCK_M, BLOCK_N],
+                                                                                       c_layout)
+    M, K = x.shape
+    N = weight.shape[0]
+    tiles = -(-M // BLOCK_M) * -(-N // BLOCK_N)
+    grid = (max(1, min(programs, tiles)), )
+    # Registers: 12 warps (4 epilogue + 4 MMA + 1 producer, padded) may hold 168 each; 16 (two MMA
+    # warpgroups) 128, of which the producer gives most to the MMA warpgroups' 128×128 float32 accumulators.
+    mma_regs, maxnreg = (232, 168) if MMA_WARPGROUPS == 1 else (168, 128)
+    args = (a_desc, b_desc, logits_desc, target, nll_target, partials, target_logit, nll_logit, M, N, K, c_layout,
+            BLOCK_N, STAGES, GROUP_M, SLICE_N, MMA_WARPGROUPS, ALWAYS_CHECKED, 24, mma_regs)
+    return grid, args, {"num_warps": 4, "maxnreg": maxnreg}
+
+
+def new_partials(rows: int, vocab: int, device) -> torch.Tensor:
+    """(3, column tiles, rows) float32: each tile's row maxima, sums of exp without the target, logit sums."""
+    return torch.empty(3, -(-vocab // BLOCK_N), rows, device=device, dtype=torch.float32)
+
+
+def logits_row_stats(x, weight, target, nll_target, token, logp, nll_logp, logit_sum, lse, *, logits=None,
+                     num_programs=None) -> None:
+    """The row statistics of ``x @ weight.T`` as ``row_stats`` writes them from a logits buffer, without
+    reading one: x (C, H) and weight (V, H) bf16/fp16; target, nll_target (C,) int32 (-1: none); token
+    (C,) int64 index of each row in the per-token outputs (float32, written at those indices). With
+    ``logits`` ((C, V), the inputs' dtype) the logits are stored there too."""
+    check_supported(x, weight, logits)
+    rows, vocab = x.shape[0], weight.shape[0]
+    partials = new_partials(rows, vocab, x.device)
+    target_logit = torch.empty(rows, device=x.device, dtype=torch.float32)  # read only where a target exists
+    nll_logit = torch.empty(rows, device=x.device, dtype=torch.float32)
+    programs = num_programs or gluon_gemm._num_sms(x.device.index if x.device.index is not None
+                                                   else torch.cuda.current_device())
+    grid, args, opts = _launch_plan(x, weight, logits, target, nll_target, partials, target_logit, nll_logit,
+                                    programs)
+    logits_row_stats_kernel[grid](*args, **opts)
+    fold_row_stats(partials, target_logit, nll_logit, target, nll_target, token, logp, nll_logp, logit_sum, lse)
+
+
+def compile_for_target(*, store_logits=False, in_dtype=torch.bfloat16, target=None):
+    """Compile ``logits_row_stats_kernel`` to a cubin without a GPU (see ``gluon_gemm.compile_kernel``)."""
+    rows, vocab, size = 1000, 776, 1000
+    x = torch.empty(rows, size, dtype=in_dtype)
+    weight = torch.empty(vocab, size, dtype=in_dtype)
+    logits = torch.empty(rows, vocab, dtype=in_dtype) if store_logits else None
+    ids = torch.empty(rows, dtype=torch.int32)
+    floats = torch.empty(rows, dtype=torch.float32)
+    _, args, opts = _launch_plan(x, weight, logits, ids, ids, new_partials(rows, vocab, "cpu"), floats, floats, 132)
+    return gluon_gemm.compile_kernel(logits_row_stats_kernel, args, opts, target)
