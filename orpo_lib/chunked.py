@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from . import kernels, schedule
+from ._triton_mode import INTERPRET
 from .validation import TokenCounts
 
 
@@ -179,16 +180,21 @@ class Block:
     span: tuple  # (start, end) of its rows in the row order
     tokens: torch.Tensor  # (C,) flattened token index of each row
     x: torch.Tensor  # (C, H) the rows of hidden
-    logits: torch.Tensor  # (C, V) view of the buffer: logits, then G
+    logits: torch.Tensor | None  # (C, V) view of the buffer: logits, then G (None: no buffer)
     target: torch.Tensor  # (C,) int32, -1 where ignored
     nll_target: torch.Tensor  # (C,) int32, -1 where ignored
 
 
+def block_rows(plan: Plan, span, hidden):
+    """The block's rows of hidden: a view in token order, a gather otherwise."""
+    start, end = span
+    return hidden_rows(hidden)[start:end] if plan.token_order else gather_rows(hidden, plan.row_tokens[start:end])
+
+
 def block_logits(plan: Plan, span, buffer, hidden, weight, bias):
     """The block's rows of hidden, and their logits in the buffer."""
-    start, end = span
-    x = hidden_rows(hidden)[start:end] if plan.token_order else gather_rows(hidden, plan.row_tokens[start:end])
-    logits = buffer[: end - start]
+    x = block_rows(plan, span, hidden)
+    logits = buffer[: span[1] - span[0]]
     if bias is None:
         torch.mm(x, weight.t(), out=logits)
     else:
@@ -286,7 +292,7 @@ class Call:
     counts: TokenCounts
     opts: Options
     plan: Plan
-    buffer: torch.Tensor  # (buffer_rows, V)
+    buffer: torch.Tensor | None  # (buffer_rows, V); None: the statistics come from inside the logits GEMM
     stats: TokenStats
     row_tokens: torch.Tensor  # (kept,) flattened token index of each row, in either row order
 
@@ -319,9 +325,28 @@ def group_pair_terms(call: Call, group) -> None:
 
 
 def statistics_only(call: Call, group, ready: Block | None) -> None:
-    """No gradients: the row statistics of each block."""
+    """No gradients: the row statistics of each block, from its logits in the buffer or, with no buffer
+    (``statistics_in_gemm``), from inside the logits GEMM."""
     for span in group.blocks:
-        row_stats(block_at(call, span, ready), call.stats)
+        if call.buffer is None:
+            block = make_block(span, block_rows(call.plan, span, call.hidden), None, call.row_tokens, call.counts,
+                               call.plan.token_order)
+            from .kernels.gluon_row_stats import logits_row_stats  # Gluon: imported where Hopper runs it
+            logits_row_stats(block.x, call.weight, block.target, block.nll_target, block.tokens, call.stats.logp,
+                             call.stats.nll_logp, call.stats.logit_sum, call.stats.lse)
+        else:
+            row_stats(block_at(call, span, ready), call.stats)
+
+
+def statistics_in_gemm(hidden, weight, bias, opts: Options) -> bool:
+    """``schedule.statistics_in_gemm`` for these tensors, with the alignment TMA needs of their rows."""
+    if opts.needs_grad or not hidden.is_cuda or INTERPRET:
+        return False
+    aligned = weight.stride(1) == 1 and all(t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0
+                                            for t in (hidden, weight))
+    return aligned and hidden.stride(-1) == 1 and schedule.statistics_in_gemm(
+        torch.cuda.get_device_capability(hidden.device), hidden.dtype, bias is not None, hidden.shape[-1],
+        weight.shape[0])
 
 
 def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) -> None:
@@ -448,13 +473,17 @@ class Forward:
 
 def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward:
     plan = make_plan(hidden, weight.shape[0], counts, opts)
-    buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
-    first_span = plan.groups[0].blocks[0]
-    x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
-    # the first GEMM is queued: the GPU is busy while the host finishes the setup
-    call = new_call(hidden, weight, bias, counts, opts, plan, buffer)
-    sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
-    ready = make_block(first_span, x, logits, call.row_tokens, counts, plan.token_order)
+    if statistics_in_gemm(hidden, weight, bias, opts):  # no logits buffer at all
+        call = new_call(hidden, weight, bias, counts, opts, plan, None)
+        sums = ready = None
+    else:
+        buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
+        first_span = plan.groups[0].blocks[0]
+        x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
+        # the first GEMM is queued: the GPU is busy while the host finishes the setup
+        call = new_call(hidden, weight, bias, counts, opts, plan, buffer)
+        sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
+        ready = make_block(first_span, x, logits, call.row_tokens, counts, plan.token_order)
     for group in plan.groups:
         if not opts.needs_grad:
             statistics_only(call, group, ready)
@@ -467,7 +496,7 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward
         pair_terms(call.stats, counts, 0, hidden.shape[0] // 2, hidden.shape[1], opts.beta)
     terms = loss_terms(call.stats, counts, hidden, weight, bias, plan, opts.compute_nll_loss)
     if opts.single_block:  # the single block fills the buffer
-        return Forward(*terms, logit_grads=buffer, row_tokens=plan.row_tokens)
+        return Forward(*terms, logit_grads=call.buffer, row_tokens=plan.row_tokens)
     return Forward(*terms, sums=sums)
 
 

@@ -91,7 +91,7 @@ def _tile_row_stats(c_smem, off_n, N, target, nll_target, layout: gl.constexpr, 
 @gluon.jit
 def _row_stats_partition(c_bufs, c_ready_bars, c_empty_bars, logits_desc, target_ptr, nll_target_ptr, partial_ptr,
                          target_logit_ptr, nll_logit_ptr, M, N, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
-                         SLICE_N: gl.constexpr, ALWAYS_CHECKED: gl.constexpr):
+                         SLICE_N: gl.constexpr):
     """The epilogue (default partition, 4 warps): each finished tile's per-row partial statistics."""
     NUM_WG: gl.constexpr = c_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = c_bufs.type.shape[1]
@@ -115,10 +115,7 @@ def _row_stats_partition(c_bufs, c_ready_bars, c_empty_bars, logits_desc, target
         nll_here = in_rows & (nll_target >= off_n) & (nll_target < off_n + BLOCK_N)
         # Most tiles hold no row's target (about BLOCK_M / V of them do) and no column past the vocabulary:
         # those take the loop without a single comparison.
-        if ALWAYS_CHECKED:
-            checked = off_n >= 0
-        else:
-            checked = (off_n + BLOCK_N > N) | (gl.reduce((target_here | nll_here).to(gl.int32), 0, _maximum) > 0)
+        checked = (off_n + BLOCK_N > N) | (gl.reduce((target_here | nll_here).to(gl.int32), 0, _maximum) > 0)
         wg = t % NUM_WG  # the MMA warpgroup that computed this tile
         c_smem = c_bufs.index(wg)
         mbarrier.wait(c_ready_bars.index(wg), (t // NUM_WG) & 1)
@@ -145,51 +142,42 @@ def _row_stats_partition(c_bufs, c_ready_bars, c_empty_bars, logits_desc, target
 @gluon.jit(do_not_specialize=["M", "N", "K"])
 def logits_row_stats_kernel(a_desc, b_desc, logits_desc, target_ptr, nll_target_ptr, partial_ptr, target_logit_ptr,
                             nll_logit_ptr, M, N, K, C_LAYOUT: gl.constexpr, BLOCK_N: gl.constexpr,
-                            STAGES: gl.constexpr, GROUP_M: gl.constexpr, SLICE_N: gl.constexpr, NUM_WG: gl.constexpr, ALWAYS_CHECKED: gl.constexpr,
+                            STAGES: gl.constexpr, GROUP_M: gl.constexpr, SLICE_N: gl.constexpr,
                             LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
     # a tile buffer per MMA warpgroup, in the inputs' dtype, with its ready and empty barriers
-    c_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_WG, BLOCK_M, BLOCK_N], C_LAYOUT)
-    c_ready_bars = _alloc_barriers(NUM_WG)
-    c_empty_bars = _alloc_barriers(NUM_WG)
-    turn_bars = _alloc_barriers(NUM_WG)  # the MMA warpgroups' K loops take turns
+    c_bufs = gl.allocate_shared_memory(a_desc.dtype, [2, BLOCK_M, BLOCK_N], C_LAYOUT)
+    c_ready_bars = _alloc_barriers(2)
+    c_empty_bars = _alloc_barriers(2)
+    turn_bars = _alloc_barriers(2)  # the MMA warpgroups' K loops take turns
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    # (the partitions are spelled out in each call: the list cannot be built from variables)
-    if NUM_WG == 1:
-        gl.warp_specialize([
-            (_row_stats_partition, (c_bufs, c_ready_bars, c_empty_bars, logits_desc, target_ptr, nll_target_ptr,
-                                    partial_ptr, target_logit_ptr, nll_logit_ptr, M, N, num_pid_m, num_pid_n,
-                                    GROUP_M, SLICE_N, ALWAYS_CHECKED)),
-            (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
-                                      turn_bars, num_pid_m, num_pid_n, k_tiles, 0)),
-            (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n,
-                               k_tiles, GROUP_M)),
-        ], [4, 1], [MMA_REGS, LOAD_REGS])
-    else:
-        gl.warp_specialize([
-            (_row_stats_partition, (c_bufs, c_ready_bars, c_empty_bars, logits_desc, target_ptr, nll_target_ptr,
-                                    partial_ptr, target_logit_ptr, nll_logit_ptr, M, N, num_pid_m, num_pid_n,
-                                    GROUP_M, SLICE_N, ALWAYS_CHECKED)),
-            (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
-                                      turn_bars, num_pid_m, num_pid_n, k_tiles, 0)),
-            (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
-                                      turn_bars, num_pid_m, num_pid_n, k_tiles, 1)),
-            (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n,
-                               k_tiles, GROUP_M)),
-        ], [4, 4, 1], [MMA_REGS, MMA_REGS, LOAD_REGS])
+    # Two MMA warpgroups: one's K loop runs while the other hands its tile over (partitions in order:
+    # the epilogue, MMA warpgroups 0 and 1, the TMA producer).
+    gl.warp_specialize([
+        (_row_stats_partition, (c_bufs, c_ready_bars, c_empty_bars, logits_desc, target_ptr, nll_target_ptr,
+                                partial_ptr, target_logit_ptr, nll_logit_ptr, M, N, num_pid_m, num_pid_n,
+                                GROUP_M, SLICE_N)),
+        (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
+                                  turn_bars, num_pid_m, num_pid_n, k_tiles, 0)),
+        (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
+                                  turn_bars, num_pid_m, num_pid_n, k_tiles, 1)),
+        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n,
+                           k_tiles, GROUP_M)),
+    ], [4, 4, 1], [MMA_REGS, MMA_REGS, LOAD_REGS])
 
 
 # --------------------------------------------------------------------------------------------------
 # Host side
 # --------------------------------------------------------------------------------------------------
 
+# Measured on the H200 (figures/data/stats-gemm-2026-12-04-h200.json): two MMA warpgroups beat one at six
+# of seven shapes, by up to 7 % of the logits GEMM (0.9 % behind at 16384×4096×128256); slices of 16 columns
+# and of 8 are within noise (of 32, registers spill); sending every tile through the checked loop costs 1-8 %.
 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, SLICE_N = 128, 128, 64, 4, 8, 16
-MMA_WARPGROUPS = 2
-ALWAYS_CHECKED = False
 
 
 def check_supported(x, weight, logits=None) -> None:
@@ -223,12 +211,11 @@ def _launch_plan(x, weight, logits, target, nll_target, partials, target_logit, 
     N = weight.shape[0]
     tiles = -(-M // BLOCK_M) * -(-N // BLOCK_N)
     grid = (max(1, min(programs, tiles)), )
-    # Registers: 12 warps (4 epilogue + 4 MMA + 1 producer, padded) may hold 168 each; 16 (two MMA
-    # warpgroups) 128, of which the producer gives most to the MMA warpgroups' 128×128 float32 accumulators.
-    mma_regs, maxnreg = (232, 168) if MMA_WARPGROUPS == 1 else (168, 128)
+    # Registers: 16 warps (4 epilogue + 2·4 MMA + 1 producer, padded) may hold 128 each; the producer's
+    # warpgroup gives most of its share to the MMA warpgroups' 128×128 float32 accumulators (24 and 168).
     args = (a_desc, b_desc, logits_desc, target, nll_target, partials, target_logit, nll_logit, M, N, K, c_layout,
-            BLOCK_N, STAGES, GROUP_M, SLICE_N, MMA_WARPGROUPS, ALWAYS_CHECKED, 24, mma_regs)
-    return grid, args, {"num_warps": 4, "maxnreg": maxnreg}
+            BLOCK_N, STAGES, GROUP_M, SLICE_N, 24, 168)
+    return grid, args, {"num_warps": 4, "maxnreg": 128}
 
 
 def new_partials(rows: int, vocab: int, device) -> torch.Tensor:

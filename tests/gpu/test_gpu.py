@@ -194,3 +194,47 @@ def test_training_loop_on_cuda():
         trajectories.append(losses)
     assert trajectories[0] == pytest.approx(trajectories[1], rel=2e-2)
     assert trajectories[0][-1] < trajectories[0][0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9,
+                    reason="the statistics GEMM is Hopper's")
+@pytest.mark.parametrize("labels", ["nll on the target", "trl"])
+@pytest.mark.parametrize("chunk_size", [None, 300])
+def test_eval_statistics_in_gemm(monkeypatch, labels, chunk_size):
+    """Without gradients on Hopper at a large vocabulary, the row statistics come from inside the logits GEMM
+    (no logits buffer): loss and metrics within 1.5× the materialising baseline's error against float64, equal
+    to the buffer path's up to bf16 rounding of single logits, the same bits twice; bad labels still raise."""
+    from orpo_lib import chunked
+
+    problem = make_problem(4, 700, 512, 65536 + 8, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=5,
+                           ignored_fraction=0.25)
+    if labels == "trl":
+        problem = with_trl_labels(problem, [200, 350, 100, 500], [0, 50, 20, 0], seed=5)
+    taken = []
+    real = chunked.statistics_in_gemm
+    monkeypatch.setattr(chunked, "statistics_in_gemm", lambda *a: taken.append(real(*a)) or taken[-1])
+    ref = orpo_lib.orpo_loss_reference(problem["hidden"].double(), problem["weight"].double(), problem["target"],
+                                       nll_target=problem["nll_target"])
+
+    def run():
+        with torch.no_grad():
+            return orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"],
+                                                   nll_target=problem["nll_target"], chunk_size=chunk_size)
+    in_gemm, again = run(), run()
+    assert taken == [True, True]
+    with torch.no_grad():
+        baseline = orpo_lib.orpo_loss_baseline(problem["hidden"], problem["weight"], problem["target"],
+                                               nll_target=problem["nll_target"])
+    monkeypatch.setattr(chunked, "statistics_in_gemm", lambda *a: False)
+    buffered = run()
+    for name in ("loss", "nll_loss", "or_loss", "chosen_logps", "rejected_logps", "log_odds_ratio",
+                 "chosen_logits_mean", "rejected_logits_mean"):
+        got, want = getattr(in_gemm, name), ref[name]
+        assert rel_err(got, want) <= max(1.5 * rel_err(getattr(baseline, name), want), 1e-4), name
+        assert rel_err(got, getattr(buffered, name)) < 2e-3, name
+        assert torch.equal(got, getattr(again, name)), name
+    bad = problem["target"].clone()
+    bad[1, 3] = problem["weight"].shape[0]
+    monkeypatch.setattr(chunked, "statistics_in_gemm", real)
+    with torch.no_grad(), pytest.raises(ValueError, match="outside"):
+        orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], bad)

@@ -60,3 +60,29 @@ def test_fold_equals_row_stats(rows, vocab, block_n):
     for name, got, ref in zip(["logp", "nll_logp", "logit_sum", "lse"], folded, whole):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4, equal_nan=True, msg=name)
     assert torch.isnan(folded[0]).sum() == rows  # only the chunk's own tokens are written
+
+
+@pytest.mark.parametrize("capability,dtype,bias,hidden,vocab,expected", [
+    ((9, 0), torch.bfloat16, False, 4096, 128256, True),
+    ((9, 0), torch.float16, False, 1024, 151936, True),
+    ((9, 0), torch.bfloat16, False, 4096, 32000, False),  # measured no faster at V = 32000
+    ((9, 0), torch.bfloat16, True, 4096, 128256, False),  # the epilogue adds no bias
+    ((9, 0), torch.float32, False, 4096, 128256, False),
+    ((9, 0), torch.bfloat16, False, 4100, 128256, False),  # rows TMA cannot address
+    ((8, 0), torch.bfloat16, False, 4096, 128256, False),  # no wgmma before Hopper
+    ((10, 0), torch.bfloat16, False, 4096, 128256, False),
+    (None, torch.bfloat16, False, 4096, 128256, False),
+])
+def test_statistics_in_gemm_only_where_measured_faster(capability, dtype, bias, hidden, vocab, expected):
+    from orpo_lib import schedule
+
+    assert schedule.statistics_in_gemm(capability, dtype, bias, hidden, vocab) is expected
+
+
+def test_cpu_calls_keep_the_logits_buffer():
+    from orpo_lib import chunked
+    from orpo_lib.chunked import Options
+
+    opts = Options(0.1, True, None, True, False, False, False, False)
+    hidden, weight = torch.empty(2, 3, 8, dtype=torch.bfloat16), torch.empty(70000, 8, dtype=torch.bfloat16)
+    assert not chunked.statistics_in_gemm(hidden, weight, None, opts)
