@@ -338,7 +338,7 @@ def statistics_only(call: Call, group, ready: Block | None) -> None:
             row_stats(block_at(call, span, ready), call.stats)
 
 
-def statistics_in_gemm(hidden, weight, bias, opts: Options) -> bool:
+def statistics_in_gemm(hidden, weight, bias, counts: TokenCounts, opts: Options) -> bool:
     """``schedule.statistics_in_gemm`` for these tensors, with the alignment TMA needs of their rows."""
     if opts.needs_grad or not hidden.is_cuda or INTERPRET:
         return False
@@ -346,7 +346,7 @@ def statistics_in_gemm(hidden, weight, bias, opts: Options) -> bool:
                                             for t in (hidden, weight))
     return aligned and hidden.stride(-1) == 1 and schedule.statistics_in_gemm(
         torch.cuda.get_device_capability(hidden.device), hidden.dtype, bias is not None, hidden.shape[-1],
-        weight.shape[0])
+        weight.shape[0], sum(counts.kept_per_seq))
 
 
 def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) -> None:
@@ -473,7 +473,7 @@ class Forward:
 
 def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward:
     plan = make_plan(hidden, weight.shape[0], counts, opts)
-    if statistics_in_gemm(hidden, weight, bias, opts):  # no logits buffer at all
+    if statistics_in_gemm(hidden, weight, bias, counts, opts):  # no logits buffer at all
         call = new_call(hidden, weight, bias, counts, opts, plan, None)
         sums = ready = None
     else:

@@ -191,17 +191,23 @@ def single_block(batch: int, seq: int, hidden_size: int, vocab: int, itemsize: i
     return tokens <= min(wanted_chunk_rows(2 * seq, tokens, extra), budget_rows(vocab, itemsize))
 
 
-# The vocabulary from which a no-grad call takes its row statistics from the Gluon statistics GEMM. Measured
-# on the H200 (figures/data/stats-gemm-2026-12-04-h200.json) against cuBLAS's logits GEMM + row_stats: faster
-# at V ≥ 128256 for H from 1024 to 4096 (1.5-8 % of the logits GEMM), level at V = 32000 and H = 4096, slower
-# at V = 32000 and H = 1024 (a tile then holds a row's target so often that the epilogue falls behind).
+# Where a no-grad call takes its row statistics from the Gluon statistics GEMM. Measured on the H200 against
+# cuBLAS's logits GEMM + row_stats, per block (figures/data/stats-gemm-2026-12-04-h200.json): faster at
+# V ≥ 128256 for H from 1024 to 4096 (by 0.4-8 % of the logits GEMM), level at V = 32000 and H = 4096,
+# slower at V = 32000 and H = 1024 (a tile then holds a row's target so often that the epilogue falls
+# behind). Whole eval calls (eval-2026-12-04-h200-b0f1398-stats-gemm.json): the peak over the inputs drops
+# from 1-2 GiB to under 0.1 GiB; the time goes from 1.25 to 1.19-1.22 × the logits GEMM at H = 1024 and
+# V ≥ 151936, is within ±6 % at H = 4096 and 8192 rows or more, and is 8 % worse at 2×1024 (2048 rows).
 STATS_GEMM_MIN_VOCAB = 65536
+STATS_GEMM_MIN_ROWS = 8192
 
 
 def statistics_in_gemm(capability: tuple | None, dtype: torch.dtype, has_bias: bool, hidden_size: int,
-                       vocab: int) -> bool:
-    """Whether a call without gradients computes its row statistics inside the logits GEMM (Hopper, bf16 or
-    fp16 inputs, no bias, rows that TMA can address) instead of writing the logits to a buffer and reading
-    them back. ``capability`` is the CUDA device's (None: not a CUDA device, or kernels interpreted)."""
+                       vocab: int, rows: int) -> bool:
+    """Whether a call without gradients computes the row statistics of its ``rows`` kept token rows inside
+    the logits GEMM (Hopper, bf16 or fp16 inputs, no bias, rows that TMA can address) instead of writing
+    the logits to a buffer and reading them back. ``capability`` is the CUDA device's (None: not a CUDA
+    device, or kernels interpreted)."""
     return (capability is not None and capability[0] == 9 and dtype in (torch.bfloat16, torch.float16)
-            and not has_bias and hidden_size % 8 == 0 and vocab >= STATS_GEMM_MIN_VOCAB)
+            and not has_bias and hidden_size % 8 == 0 and vocab >= STATS_GEMM_MIN_VOCAB
+            and rows >= STATS_GEMM_MIN_ROWS)

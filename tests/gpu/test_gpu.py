@@ -204,8 +204,9 @@ def test_eval_statistics_in_gemm(monkeypatch, labels, chunk_size):
     """Without gradients on Hopper at a large vocabulary, the row statistics come from inside the logits GEMM
     (no logits buffer): loss and metrics within 1.5× the materialising baseline's error against float64, equal
     to the buffer path's up to bf16 rounding of single logits, the same bits twice; bad labels still raise."""
-    from orpo_lib import chunked
+    from orpo_lib import chunked, schedule
 
+    monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)  # (its threshold is about speed, not correctness)
     problem = make_problem(4, 700, 512, 65536 + 8, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=5,
                            ignored_fraction=0.25)
     if labels == "trl":

@@ -62,21 +62,22 @@ def test_fold_equals_row_stats(rows, vocab, block_n):
     assert torch.isnan(folded[0]).sum() == rows  # only the chunk's own tokens are written
 
 
-@pytest.mark.parametrize("capability,dtype,bias,hidden,vocab,expected", [
-    ((9, 0), torch.bfloat16, False, 4096, 128256, True),
-    ((9, 0), torch.float16, False, 1024, 151936, True),
-    ((9, 0), torch.bfloat16, False, 4096, 32000, False),  # measured no faster at V = 32000
-    ((9, 0), torch.bfloat16, True, 4096, 128256, False),  # the epilogue adds no bias
-    ((9, 0), torch.float32, False, 4096, 128256, False),
-    ((9, 0), torch.bfloat16, False, 4100, 128256, False),  # rows TMA cannot address
-    ((8, 0), torch.bfloat16, False, 4096, 128256, False),  # no wgmma before Hopper
-    ((10, 0), torch.bfloat16, False, 4096, 128256, False),
-    (None, torch.bfloat16, False, 4096, 128256, False),
+@pytest.mark.parametrize("capability,dtype,bias,hidden,vocab,rows,expected", [
+    ((9, 0), torch.bfloat16, False, 4096, 128256, 8192, True),
+    ((9, 0), torch.float16, False, 1024, 151936, 16384, True),
+    ((9, 0), torch.bfloat16, False, 4096, 128256, 2048, False),  # measured slower with few rows
+    ((9, 0), torch.bfloat16, False, 4096, 32000, 16384, False),  # measured no faster at V = 32000
+    ((9, 0), torch.bfloat16, True, 4096, 128256, 16384, False),  # the epilogue adds no bias
+    ((9, 0), torch.float32, False, 4096, 128256, 16384, False),
+    ((9, 0), torch.bfloat16, False, 4100, 128256, 16384, False),  # rows TMA cannot address
+    ((8, 0), torch.bfloat16, False, 4096, 128256, 16384, False),  # no wgmma before Hopper
+    ((10, 0), torch.bfloat16, False, 4096, 128256, 16384, False),
+    (None, torch.bfloat16, False, 4096, 128256, 16384, False),
 ])
-def test_statistics_in_gemm_only_where_measured_faster(capability, dtype, bias, hidden, vocab, expected):
+def test_statistics_in_gemm_only_where_measured_faster(capability, dtype, bias, hidden, vocab, rows, expected):
     from orpo_lib import schedule
 
-    assert schedule.statistics_in_gemm(capability, dtype, bias, hidden, vocab) is expected
+    assert schedule.statistics_in_gemm(capability, dtype, bias, hidden, vocab, rows) is expected
 
 
 def test_cpu_calls_keep_the_logits_buffer():
@@ -85,4 +86,4 @@ def test_cpu_calls_keep_the_logits_buffer():
 
     opts = Options(0.1, True, None, True, False, False, False, False)
     hidden, weight = torch.empty(2, 3, 8, dtype=torch.bfloat16), torch.empty(70000, 8, dtype=torch.bfloat16)
-    assert not chunked.statistics_in_gemm(hidden, weight, None, opts)
+    assert not chunked.statistics_in_gemm(hidden, weight, None, None, opts)  # (on the CPU the counts are never consulted)
