@@ -24,6 +24,9 @@ steps 1, 2, 4 and 5 at once, into the call's sums. At the pair's end step 3 give
 and dX = c·Q (rounded once), dW += c_c·Σ_c + c_r·Σ_r. Otherwise the pair takes two passes: steps 1 and 2
 for every block, then 3, then each block's logits again for 4 and 5.
 
+Without gradients on Hopper (``schedule.statistics_in_gemm``), steps 1 and 2 are one Gluon kernel
+(``kernels.gluon_row_stats``) that reduces each tile of logits inside the GEMM: there is no buffer.
+
 ``forward`` returns the loss terms and what backward needs. With several blocks, that is the unscaled
 sums dX, dW and dbias, which ``backward`` multiplies by the upstream gradient into new tensors. With one
 block it is G itself: backward runs step 5 with the upstream gradient as the GEMMs' scale factor, so

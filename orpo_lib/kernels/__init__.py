@@ -15,8 +15,9 @@
   one-pass pair's dX rows scaled by their sequence's coefficient.
 
 ``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk.
-``gluon_gemm`` (not imported here, used by nothing yet) is a warp-specialised Gluon C = A·Bᵀ for
-Hopper, the first step towards row statistics inside the logits GEMM.
+Two Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_gemm``, a
+warp-specialised C = A·Bᵀ, and ``gluon_row_stats``, the logits GEMM with the row statistics in its
+epilogue, which calls without gradients use on Hopper (``schedule.statistics_in_gemm``).
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 

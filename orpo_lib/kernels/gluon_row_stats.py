@@ -1,23 +1,24 @@
 """The row statistics inside the logits GEMM (Gluon, Hopper): X·Wᵀ whose epilogue reduces each tile.
 
-``gluon_gemm``'s warp-specialised GEMM (a TMA producer warp, an MMA warpgroup handing each finished
-tile through shared memory) with another epilogue partition: instead of only storing the tile, it reads
-the tile back from shared memory in column slices, rounded to the inputs' dtype as a stored logits
-buffer would be, and reduces each of its rows to partial statistics, while the MMA warpgroup computes
-the next tile. Per (row, column tile):
+``gluon_gemm``'s warp-specialised GEMM (a TMA producer warp filling a ring of X and W tiles) with two MMA
+warpgroups that take turns at the K loop, each handing its finished 128×128 tile over in shared memory,
+and an epilogue partition that reads the tile back, one row per thread, rounded to the inputs' dtype as
+a stored logits buffer would be, and reduces each row to partial statistics while the MMAs go on. Per
+(row, column tile):
 
 * the tile's maximum logit, and the sum of exp(logit - maximum) over its columns except the target's;
 * the sum of its logits;
 * the target's and the NLL target's logit, written straight to per-row outputs by the one tile that
   holds each column.
 
-``fold_row_stats`` (``row_stats.fold_row_stats_kernel``, plain Triton) combines a row's partials
-into exactly what ``row_stats_kernel`` writes: log-sum-exp, the two log-probs and the logit sum at the
-row's token index. With ``logits`` given, the epilogue also TMA-stores the tile there, so that the
-training path gets its logits and their statistics from one kernel and skips the separate read.
+A tile that holds no row's target and no column past the vocabulary (most of them) is reduced without a
+single comparison. ``fold_row_stats`` (``row_stats.fold_row_stats_kernel``, plain Triton) combines a row's
+partials into exactly what ``row_stats_kernel`` writes: log-sum-exp, the two log-probs and the logit sum
+at the row's token index. With ``logits`` given, the epilogue also TMA-stores the tile there (what the
+training path would need; it does not use it yet).
 
-Partials cost 12 bytes per row and column tile (3·4 B / 128 columns: 0.05 bytes per logit against 2 for
-a bf16 logits buffer), so the no-grad path needs no logits buffer at all.
+Partials cost 12 bytes per row and column tile (0.1 bytes per logit against 2 for a bf16 logits
+buffer), so a call without gradients needs no logits buffer. Where it is used: ``schedule.statistics_in_gemm``.
 """
 
 import torch

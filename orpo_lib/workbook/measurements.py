@@ -405,3 +405,44 @@ def beside_gpu_run(recorded: list[dict], executed: list[dict], keys: list[str], 
         for r in rows:
             by_key[key(r)].update({f"{prefix}_{v}": r.get(v) for v in values})
     return [by_key[k] for k in sorted(by_key, key=lambda k: tuple(str(v) for v in k))]
+
+
+def latest_record(pattern: str, data_dir: str | Path | None = None) -> dict | None:
+    """The newest JSON record in ``figures/data`` whose name matches ``pattern`` (dated names sort by date),
+    with its file name as ``source``; None when there is none."""
+    directory = Path(data_dir) if data_dir else DATA_DIR
+    paths = sorted(directory.glob(pattern))
+    return {**json.loads(paths[-1].read_text()), "source": paths[-1].name} if paths else None
+
+
+# Columns of the statistics-GEMM probe: (label, time key, the time it is divided by).
+STATS_GEMM_COLUMNS = [
+    ("gluon_gemm", "gluon_mm_ms", "cublas_mm_ms"),
+    ("cublas+row_stats", "mm_plus_row_stats_ms", "cublas_mm_ms"),
+    ("stats_gemm_1wg", "stats_wg1_s16_ms", "cublas_mm_ms"),
+    ("stats_gemm", "stats_wg2_s16_ms", "cublas_mm_ms"),
+    ("stats_gemm_unbranched", "stats_wg2_s16_all_ms", "cublas_mm_ms"),
+    ("stats_gemm+store", "stats_wg2_s16_store_ms", "mm_plus_row_stats_ms"),
+]
+
+
+def statistics_gemm_rows(record: dict) -> list[dict]:
+    """Per (rows, H, V) of a ``stats-gemm-*.json`` probe: each variant's time over cuBLAS's logits GEMM, and
+    the statistics GEMM that also stores the logits over cuBLAS + row_stats (what it would replace in training)."""
+    return [{"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"], "cublas_ms": r["cublas_mm_ms"],
+             **{label: r[key] / r[base] for label, key, base in STATS_GEMM_COLUMNS}} for r in record["results"]]
+
+
+def eval_before_after_rows(record: BenchRecord) -> list[dict]:
+    """Per shape of an eval record run with ``--before``: the no-grad loss's time over the logits GEMM and its
+    peak over the inputs, for this commit (``fused``) and the one before (``before``)."""
+    rows = []
+    for floor in record.select("floor", "eval"):
+        shape = {k: floor[k] for k in ("batch", "seq", "hidden", "vocab")}
+        now, before = (record.select(p, "eval", **shape) for p in ("fused", "before"))
+        if now and before:
+            rows.append({**shape, "fused": now[0]["median_ms"] / floor["median_ms"],
+                         "before": before[0]["median_ms"] / floor["median_ms"],
+                         "fused_peak_gib": now[0]["peak_over_inputs_gib"],
+                         "before_peak_gib": before[0]["peak_over_inputs_gib"]})
+    return rows

@@ -225,3 +225,17 @@ def test_batch_scaling_shows_the_workload_records_against_their_floor(runs, name
 def test_gpu_cells_wait_for_a_button_without_run_gpu(runs):
     assert "live_chunk_sweep" not in _record(runs, "04-kernel-tuning")
     assert "live_batch_scaling" not in _record(runs, "05-batch-scaling")
+
+
+def test_kernel_tuning_statistics_gemm(runs):
+    from orpo_lib.workbook import measurements
+
+    r = _record(runs, "04-kernel-tuning")
+    probe = measurements.latest_record("stats-gemm-2*.json")
+    assert r["stats_gemm_rows"] == pytest.approx(measurements.statistics_gemm_rows(probe))
+    by_shape = {(row["rows"], row["hidden"], row["vocab"]): row for row in r["stats_gemm_rows"]}
+    assert by_shape[16384, 4096, 128256]["stats_gemm"] == pytest.approx(1.015, abs=5e-4)  # as the text says
+    assert by_shape[8192, 1024, 32000]["stats_gemm"] > 1.15  # where the epilogue falls behind
+    shown = {(row["batch"], row["seq"], row["hidden"], row["vocab"]): row for row in r["eval_before_after"]}
+    assert len(shown) == 11
+    assert all(row["fused_peak_gib"] < 0.1 < row["before_peak_gib"] for row in shown.values() if row["vocab"] > 65536)

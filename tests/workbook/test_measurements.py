@@ -1,0 +1,26 @@
+"""The measurement tables of the statistics GEMM: what the kernel-tuning notebook shows from its records."""
+
+import json
+
+import pytest
+
+from orpo_lib.workbook import measurements
+
+
+def test_statistics_gemm_and_eval_tables(tmp_path):
+    (tmp_path / "stats-gemm-2026-01-01-x.json").write_text(json.dumps({"provenance": {}, "results": [
+        {"rows": 8, "hidden": 16, "vocab": 32, "cublas_mm_ms": 2.0, "gluon_mm_ms": 2.2, "mm_plus_row_stats_ms": 2.5,
+         "stats_wg1_s16_ms": 3.0, "stats_wg2_s16_ms": 2.4, "stats_wg2_s16_all_ms": 2.6, "stats_wg2_s16_store_ms": 2.0}]}))
+    probe = measurements.latest_record("stats-gemm-2*.json", tmp_path)
+    assert probe["source"] == "stats-gemm-2026-01-01-x.json"
+    (row,) = measurements.statistics_gemm_rows(probe)
+    assert row["gluon_gemm"] == pytest.approx(1.1) and row["stats_gemm"] == pytest.approx(1.2)
+    assert row["stats_gemm+store"] == pytest.approx(0.8)  # over cuBLAS + row_stats
+    shape = {"batch": 2, "seq": 4, "hidden": 16, "vocab": 32}
+    result = lambda provider, ms, peak: {"provider": provider, "mode": "eval", **shape, "median_ms": ms,
+                                         "peak_over_inputs_gib": peak}
+    record = measurements.BenchRecord({}, [result("floor", 2.0, 0.0), result("fused", 2.2, 0.1),
+                                           result("before", 2.4, 1.0), result("fused", 9.0, 9.0) | {"mode": "full"}])
+    assert measurements.eval_before_after_rows(record) == [
+        {**shape, "fused": pytest.approx(1.1), "before": pytest.approx(1.2), "fused_peak_gib": 0.1, "before_peak_gib": 1.0}]
+    assert measurements.latest_record("nothing-*.json", tmp_path) is None
