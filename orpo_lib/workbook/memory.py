@@ -32,6 +32,8 @@ LEAN_CHUNK_ROWS = 1664
 # Per token the fused loss keeps four fp32 statistics (log-prob, NLL log-prob, logit sum, log-sum-exp), two
 # int32 label vectors and an int64 row index.
 FUSED_TOKEN_STATE_BYTES = 4 * 4 + 2 * 4 + 8
+# Columns of a tile of the statistics GEMM (kernels.gluon_row_stats.BLOCK_N): one set of partials per tile.
+STATS_TILE_COLUMNS = 128
 
 # Rates measured on the H200 for this project's shapes (bf16 GEMM, in-place row rewrite).
 H200_GEMM_TFLOPS = 695.0
@@ -99,7 +101,7 @@ def one_pass_fits(seq: int, hidden: int, vocab: int, dtype_bytes: int, dw_fp32: 
     return extra <= schedule.ONE_PASS_BUDGET_BYTES
 
 
-def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, with_grad):
+def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, with_grad, statistics_in_gemm=False):
     tokens = batch * seq
     chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes, hidden=hidden, dw_fp32=dw_fp32)
     buffer = chunk.rows * vocab * dtype_bytes
@@ -107,6 +109,10 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
     if not with_grad:
         # Without gradients the chunks need not hold whole pairs, and read hidden's rows in place.
         rows = min(tokens, chunk_row_limit(batch, seq, chunk_size, vocab, dtype_bytes))
+        if statistics_in_gemm:  # no buffer: each block's per-tile partials and its two target logits per row
+            tiles = -(-vocab // STATS_TILE_COLUMNS)
+            return [("chunk loop", {"tile_partials": 3 * tiles * rows * FP32_BYTES, "target_logits": 2 * rows * FP32_BYTES,
+                                    "token_state": token_state})]
         return [("chunk loop", {"chunk_logits": rows * vocab * dtype_bytes, "token_state": token_state})]
     # With every token kept, one group of every pair reads hidden's rows and writes dX's in place (token
     # order); several groups copy their rows out for the GEMMs and their dX rows back.
@@ -219,18 +225,22 @@ def memory_phases(
     chunk_rows: int | None = None,
     dw_fp32: bool | None = None,
     with_grad: bool = True,
+    statistics_in_gemm: bool = False,
 ) -> list[tuple[str, dict[str, int]]]:
     """Every phase of one loss call (forward, plus backward when ``with_grad``) with its live bytes.
 
     ``chunk_rows`` and ``dw_fp32`` apply to the fused implementations only. ``None`` means the
     implementation's default: ``fused`` accumulates dW in fp32 with the default chunking,
     ``fused_lean`` uses ``LEAN_CHUNK_ROWS`` rows and accumulates dW in the weight dtype.
+    ``statistics_in_gemm``: a call without gradients computes its row statistics inside the logits GEMM,
+    as it does on Hopper where ``schedule.statistics_in_gemm`` says so (the model knows no GPU).
     """
     shape = (batch, seq, hidden, vocab, dtype_bytes)
     if impl == "fused":
-        return _fused_phases(*shape, chunk_rows, True if dw_fp32 is None else dw_fp32, with_grad)
+        return _fused_phases(*shape, chunk_rows, True if dw_fp32 is None else dw_fp32, with_grad, statistics_in_gemm)
     if impl == "fused_lean":
-        return _fused_phases(*shape, fused_chunk_rows(impl, chunk_rows), False if dw_fp32 is None else dw_fp32, with_grad)
+        return _fused_phases(*shape, fused_chunk_rows(impl, chunk_rows), False if dw_fp32 is None else dw_fp32, with_grad,
+                             statistics_in_gemm)
     if impl == "baseline":
         return _baseline_phases(*shape, with_grad)
     if impl == "seed_baseline":

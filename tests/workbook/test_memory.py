@@ -142,3 +142,28 @@ def test_stage_costs_count_three_gemms_and_most_of_a_fourth_when_recomputing():
 def test_unknown_implementation():
     with pytest.raises(ValueError, match="unknown implementation"):
         memory.peak_bytes("cce", 2, 16, H, V)
+
+
+def test_eval_with_statistics_in_gemm_matches_the_measured_peaks():
+    """Eval calls on the H200 whose statistics came from inside the logits GEMM (no buffer): the model's
+    partials + target logits + token state against the measured peak over the inputs; a few KiB of label
+    statistics the model leaves out are the difference."""
+    from orpo_lib.workbook import measurements
+
+    record = measurements.load_bench_record(measurements.DATA_DIR / "eval-2026-12-04-h200-b0f1398-stats-gemm.json")
+    checked = 0
+    for r in record.select("fused", "eval"):
+        in_gemm = r["vocab"] >= 65536  # (this record predates the 8192-row threshold)
+        model = sum(memory.peak_bytes("fused", r["batch"], r["seq"], r["hidden"], r["vocab"], with_grad=False,
+                                      statistics_in_gemm=in_gemm).values())
+        measured = r["peak_over_inputs_gib"] * memory.GIB
+        assert 0 <= measured - model <= 8192, (r["batch"], r["seq"], r["vocab"], measured, model)
+        checked += in_gemm
+    assert checked == 9
+    assert sum(memory.peak_bytes("fused", 16, 4096, 4096, 128256, with_grad=False, statistics_in_gemm=True).values()) < \
+        sum(memory.peak_bytes("fused", 16, 4096, 4096, 128256, with_grad=False).values()) / 20
+
+
+def test_stats_tile_columns_are_the_kernels():
+    gluon_row_stats = pytest.importorskip("orpo_lib.kernels.gluon_row_stats")
+    assert memory.STATS_TILE_COLUMNS == gluon_row_stats.BLOCK_N
