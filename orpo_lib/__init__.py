@@ -5,6 +5,7 @@ from .baseline import orpo_loss_baseline
 from .fused import FusedLinearORPOLoss, fused_linear_orpo_loss
 from .output import ORPOOutput
 from .reference import orpo_loss_reference
+from .vocab_parallel import vocab_parallel_orpo_loss
 
 __all__ = [
     "FusedLinearORPOLoss",
@@ -12,4 +13,5 @@ __all__ = [
     "fused_linear_orpo_loss",
     "orpo_loss_baseline",
     "orpo_loss_reference",
+    "vocab_parallel_orpo_loss",
 ]

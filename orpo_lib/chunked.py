@@ -497,25 +497,30 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward
         ready = None
     if not opts.needs_grad:  # with gradients, the chunk groups computed them pair by pair
         pair_terms(call.stats, counts, 0, hidden.shape[0] // 2, hidden.shape[1], opts.beta)
-    terms = loss_terms(call.stats, counts, hidden, weight, bias, plan, opts.compute_nll_loss)
+    logits_per_half = hidden.shape[0] // 2 * hidden.shape[1] * weight.shape[0]
+    terms = loss_terms(call.stats, counts, call_logit_sums(call.stats, counts, hidden, weight, bias, plan),
+                       logits_per_half, opts.compute_nll_loss)
     if opts.single_block:  # the single block fills the buffer
         return Forward(*terms, logit_grads=call.buffer, row_tokens=plan.row_tokens)
     return Forward(*terms, sums=sums)
 
 
-def loss_terms(stats: TokenStats, counts: TokenCounts, hidden, weight, bias, plan: Plan, compute_nll_loss: bool):
-    """loss, nll_loss, or_loss, seq_logp, log_odds and the two halves' mean logits."""
-    batch, seq, _ = hidden.shape
+def loss_terms(stats: TokenStats, counts: TokenCounts, logit_sums, logits_per_half: int, compute_nll_loss: bool):
+    """loss, nll_loss, or_loss, seq_logp, log_odds and the two halves' mean logits (from their logit sums)."""
     or_loss = stats.pair_loss.mean().to(stats.lse.dtype)
     if compute_nll_loss:
         nll_loss = -stats.nll_logp.sum() / counts.nll_tokens
     else:
-        nll_loss = torch.zeros((), device=hidden.device, dtype=stats.lse.dtype)
+        nll_loss = torch.zeros((), device=stats.lse.device, dtype=stats.lse.dtype)
+    return nll_loss + or_loss, nll_loss, or_loss, stats.seq_logp, stats.log_odds, logit_sums / logits_per_half
+
+
+def call_logit_sums(stats: TokenStats, counts: TokenCounts, hidden, weight, bias, plan: Plan):
+    """(2,) the sum of every logit of the chosen half and of the rejected half, dropped rows included."""
     logit_sums = stats.logit_sum.view(2, -1).sum(1)
     if plan.dropped:
         logit_sums = logit_sums + dropped_logit_sums(hidden, weight, bias, counts.kept_mask, stats.lse.dtype)
-    means = logit_sums / (batch // 2 * seq * weight.shape[0])
-    return nll_loss + or_loss, nll_loss, or_loss, stats.seq_logp, stats.log_odds, means
+    return logit_sums
 
 
 def dropped_logit_sums(hidden, weight, bias, kept_mask, dtype):

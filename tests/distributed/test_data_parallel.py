@@ -96,20 +96,24 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_ranks(out_dir, limit_s=120):
-    """Both ranks in spawned processes; a child's exception re-raises here with its traceback, a hang fails."""
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD, join=False,
-                             start_method="spawn")
+def run_spawned(worker, world, args, out_dir, limit_s=180):
+    """``worker(rank, *args)`` in ``world`` spawned processes, each saving ``rank<r>.pt`` in ``out_dir``; a
+    child's exception re-raises here with its traceback, a hang fails. Returns what they saved."""
+    ctx = mp.start_processes(worker, args=args, nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + limit_s
     try:
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
-                pytest.fail(f"DDP ranks still running after {limit_s} s")
+                pytest.fail(f"ranks still running after {limit_s} s")
     finally:
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)]
+
+
+def _run_ranks(out_dir):
+    return run_spawned(_worker, WORLD, (_free_port(), str(out_dir)), out_dir)
 
 
 def test_ddp_averaged_gradients_match_one_process(tmp_path):

@@ -1,0 +1,169 @@
+"""The fused ORPO loss over a vocabulary-sharded LM head (tensor parallel), through torch.distributed.
+
+Each rank of the process group holds a contiguous slice of the head's rows, W_r = W[v_r, v_r + V_r),
+rank order giving the slices' order; the slices may have any sizes (a vocabulary that does not divide
+into equal shards is fine). Every rank gets the same hidden states and the same labels, in global ids.
+
+Per chunk of token rows, each rank runs the library's kernels on its own logits X·W_rᵀ, with the target
+ids that fall in its shard (-1 elsewhere): ``row_stats_kernel`` gives its partial log-sum-exp, the
+target logits it holds and its logit sums. Two all-gathers combine them, summed in rank order so that
+every rank gets the same bits and the result does not depend on the backend's reduction order:
+
+* each row's local log-sum-exp (4 bytes per row from each rank), for the global maximum;
+* each row's exp(lse_r − max), target logit, NLL target logit and logit sum (16 bytes per row).
+
+Then the global log-sum-exp and log-probs, and the pair terms, are computed identically everywhere. The
+gradient pass computes each chunk's logits again (two passes, four GEMMs), rewrites them into the rank's
+columns of dL/dlogits with the global statistics, and forms dW_r += Gᵀ·X (this rank's shard, float32,
+no communication) and the chunk's partial dX = G·W_r in float32, which one more all-gather sums over the
+ranks (4·H bytes per row from each rank) before its one rounding to the input dtype. Every rank must make the same calls with the same
+arguments but its shard, gradients included, or the collectives wait for each other forever.
+
+A target's log-prob is its logit minus the global log-sum-exp, so a near-certain token's log p is
+rounded to within an ulp of the log-sum-exp rather than computed as −log1p(others) as in one process.
+"""
+
+import torch
+import torch.distributed as dist
+
+from . import chunked, schedule
+from .output import ORPOOutput, orpo_output
+from .validation import check_arguments, check_options, count_tokens
+
+
+def _gathered(tensor, group) -> list:
+    """Every rank's ``tensor``, in rank order."""
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return parts
+
+
+def _rank_order_sum(tensor, group):
+    """The sum over ranks, added in rank order: the same bits on every rank, whatever the backend."""
+    parts = _gathered(tensor, group)
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+def shard_starts(shard_rows: int, group, device) -> tuple[int, int]:
+    """(first global id of this rank's shard, global vocabulary size), from every rank's shard size."""
+    sizes = [int(n) for n in _gathered(torch.tensor([shard_rows], device=device), group)]
+    if min(sizes) < 1:
+        raise ValueError(f"vocab_parallel_orpo_loss: every rank needs at least one row of the head, got shards "
+                         f"of {sizes} rows")
+    rank = dist.get_rank(group)
+    return sum(sizes[:rank]), sum(sizes)
+
+
+def _local_ids(ids, start: int, rows: int, elsewhere: int):
+    """Global target ids (-1: none) as this shard's columns; an id in another shard becomes ``elsewhere``:
+    -1 for ``row_stats_kernel`` (no column of the row to read), ``rows`` for ``row_grads_kernel``, where an
+    id >= 0 means that the token counts, and no column of this shard is ``rows``."""
+    local = torch.where((ids >= start) & (ids < start + rows), ids - start, elsewhere)
+    return torch.where(ids >= 0, local, -1).to(torch.int32).view(-1)
+
+
+def _combine_row_stats(stats: chunked.TokenStats, target_local, nll_local, has_target, has_nll, group) -> None:
+    """Overwrite each rank's per-shard row statistics with the global ones."""
+    lse_local = stats.lse.clone()
+    row_max = torch.stack(_gathered(lse_local, group)).amax(0)
+    owned = torch.stack([torch.exp(lse_local - row_max),
+                         torch.where(target_local >= 0, stats.logp + lse_local, 0.0),  # the logits this rank holds
+                         torch.where(nll_local >= 0, stats.nll_logp + lse_local, 0.0),
+                         stats.logit_sum])
+    exp_sum, target_logit, nll_logit, logit_sum = _rank_order_sum(owned, group)
+    stats.lse.copy_(row_max + torch.log(exp_sum))
+    stats.logp.copy_(torch.where(has_target, target_logit - stats.lse, 0.0))
+    stats.nll_logp.copy_(torch.where(has_nll, nll_logit - stats.lse, 0.0))
+    stats.logit_sum.copy_(logit_sum)
+
+
+def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, compute_nll_loss, chunk_size,
+             grad_hidden, grad_weight):
+    start, vocab = shard_starts(weight.shape[0], group, hidden.device)
+    counts = count_tokens(target, nll_target, vocab, ignore_index, compute_nll_loss)  # global ids: same on every rank
+    batch, seq, size = hidden.shape
+    tokens = batch * seq
+    x_all = hidden.reshape(tokens, size)
+    target_ids, nll_ids = counts.target_ids.view(-1), counts.nll_ids.view(-1)
+    shard = weight.shape[0]
+    target_local, nll_local = _local_ids(target_ids, start, shard, -1), _local_ids(nll_ids, start, shard, -1)
+    # (the gradient pass: a token counts on every rank, whichever shard holds its column)
+    target_grad_ids, nll_grad_ids = _local_ids(target_ids, start, shard, shard), _local_ids(nll_ids, start, shard, shard)
+    stats = chunked.new_token_stats(batch, seq, chunked.stats_dtype(hidden.dtype), hidden.device)
+    rows = chunk_size or schedule.DEFAULT_CHUNK_ROWS
+    spans = [(r, min(r + rows, tokens)) for r in range(0, tokens, rows)]
+    buffer = hidden.new_empty(spans[0][1] - spans[0][0], weight.shape[0])
+    token_index = torch.arange(tokens, device=hidden.device)
+
+    def block(span, target, nll_target):
+        x, logits = x_all[span[0]:span[1]], buffer[: span[1] - span[0]]
+        torch.mm(x, weight.t(), out=logits)
+        s = slice(*span)
+        return chunked.Block(span, token_index[s], x, logits, target[s], nll_target[s])
+
+    for span in spans:
+        chunked.row_stats(block(span, target_local, nll_local), stats)
+    _combine_row_stats(stats, target_local, nll_local, target_ids >= 0, nll_ids >= 0, group)
+    chunked.pair_terms(stats, counts, 0, batch // 2, seq, beta)
+    dx = hidden.new_empty(tokens, size) if grad_hidden else None
+    dw = weight.new_zeros(weight.shape, dtype=chunked.dw_sum_dtype(weight.dtype, True)) if grad_weight else None
+    if grad_hidden or grad_weight:
+        for span in spans:
+            b = block(span, target_grad_ids, nll_grad_ids)
+            chunked.row_grads(b, stats, max(counts.nll_tokens, 1), seq)
+            if grad_hidden:  # the chunk's dX rows in float32, summed over the ranks, rounded once
+                partial = chunked.mm_into(x_all.new_empty(b.x.shape, dtype=stats.lse.dtype), b.logits, weight)
+                dx[span[0]:span[1]] = _rank_order_sum(partial, group)
+            if grad_weight:
+                chunked.accumulate_mm(dw, b.logits.t(), b.x)
+    dx = dx.view(hidden.shape) if grad_hidden else None
+    logits_per_half = batch // 2 * seq * vocab
+    terms = chunked.loss_terms(stats, counts, stats.logit_sum.view(2, -1).sum(1), logits_per_half, compute_nll_loss)
+    return terms, dx, dw
+
+
+class _VocabParallelORPO(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, nll_target, options):
+        group, beta, ignore_index, compute_nll_loss, chunk_size = options
+        grad_hidden, grad_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        terms, dx, dw = _forward(hidden, weight, target, nll_target, group, beta, ignore_index, compute_nll_loss,
+                                 chunk_size, grad_hidden, grad_weight)
+        ctx.save_for_backward(dx, dw)  # only read in backward: a retained graph can run it again
+        ctx.shape_and_dtype = hidden.shape, weight.dtype
+        loss, *metrics = terms
+        ctx.mark_non_differentiable(*metrics)
+        return loss, *metrics
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_metrics):
+        dx, dw = ctx.saved_tensors
+        shape, weight_dtype = ctx.shape_and_dtype
+        sums = chunked.GradSums(dx, None, None if dw is None else dw.dtype, dw)
+        grad_hidden, grad_weight, _ = chunked.backward_from_sums(grad_loss.to(chunked.stats_dtype(weight_dtype)), sums,
+                                                                 shape, weight_dtype)
+        return grad_hidden, grad_weight, None, None, None
+
+
+def vocab_parallel_orpo_loss(hidden, weight_shard, target, *, process_group=None, beta=0.1, ignore_index=-100,
+                             nll_target=None, compute_nll_loss=True, chunk_size=None) -> ORPOOutput:
+    """ORPO loss of ``hidden @ W.T`` where each rank of ``process_group`` (default: the world) holds a slice
+    ``weight_shard`` (V_r, H) of W's rows, in rank order. hidden, target and nll_target are as for
+    ``fused_linear_orpo_loss``, the same on every rank, with global token ids. Every rank returns the same
+    loss and metrics; ``hidden`` gets the full dX on every rank, ``weight_shard`` its own slice of dW.
+    Every rank must call it with the same arguments but the shard; no bias. chunk_size: token rows per
+    chunk of logits (default ``schedule.DEFAULT_CHUNK_ROWS``)."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("vocab_parallel_orpo_loss needs an initialised torch.distributed process group")
+    check_arguments(hidden, weight_shard, target, None, nll_target)
+    check_options(beta=beta, ignore_index=ignore_index, compute_nll_loss=compute_nll_loss, chunk_size=chunk_size,
+                  fp32_weight_grad=True)
+    group = process_group or dist.group.WORLD
+    loss, nll_loss, or_loss, seq_logp, log_odds, logits_means = _VocabParallelORPO.apply(
+        hidden, weight_shard, target, nll_target, (group, float(beta), int(ignore_index), compute_nll_loss, chunk_size))
+    pairs = hidden.shape[0] // 2
+    return orpo_output(loss, nll_loss, or_loss, seq_logp[:pairs], seq_logp[pairs:], log_odds, beta=float(beta),
+                       chosen_logits_mean=logits_means[0], rejected_logits_mean=logits_means[1])
