@@ -378,3 +378,42 @@ def stage_table(impl: str, batch: int, seq: int, hidden: int, vocab: int, dtype_
             "ms_roofline": predicted_ms([stage]),
         })
     return rows
+
+
+# Per token of ``vocab_parallel_orpo_loss``: the four float32 statistics, the two int32 target ids, four int32
+# shard-local ids and an int64 row index.
+VOCAB_PARALLEL_TOKEN_BYTES = 4 * 4 + 2 * 4 + 4 * 4 + 8
+
+
+def vocab_parallel_phases(batch: int, seq: int, hidden: int, vocab: int, ranks: int, dtype_bytes: int = 2,
+                          chunk_rows: int | None = None) -> list[tuple[str, dict[str, int]]]:
+    """Every phase of one ``vocab_parallel_orpo_loss`` call with gradients on the rank with the largest shard
+    (ceil(V / ranks) rows), with its live bytes over the inputs. A model of the code, not yet measured on
+    several GPUs: the statistics pass, the all-gathers that combine the rows' statistics, a chunk of the
+    gradient pass (its dX rows in float32, gathered from every rank), and backward (new dX and dW beside
+    the saved sums)."""
+    tokens = batch * seq
+    shard = -(-vocab // ranks)
+    rows = min(tokens, chunk_rows or schedule.DEFAULT_CHUNK_ROWS)
+    resident = {"chunk_logits": rows * shard * dtype_bytes, "token_state": tokens * VOCAB_PARALLEL_TOKEN_BYTES}
+    # a clone of the local lse, the 4 owned sums, every rank's lse (gathered, then stacked), the max, every
+    # rank's 4 sums and their total: float32 per token
+    combine = {"gathered_row_stats": tokens * FP32_BYTES * (1 + 4 + 2 * ranks + 1 + 4 * ranks + 4)}
+    dx = tokens * hidden * dtype_bytes
+    dw_accumulator = shard * hidden * FP32_BYTES
+    gradient = {"dx": dx, "dw_accumulator": dw_accumulator,
+                "chunk_dx_fp32_gathered": (ranks + 2) * rows * hidden * FP32_BYTES}  # own, every rank's, total
+    backward = {"dx": dx, "dw_accumulator": dw_accumulator, "dx_grad": dx, "dw": shard * hidden * dtype_bytes}
+    return [("statistics", resident), ("combine", {**resident, **combine}), ("gradient chunk", {**resident, **gradient}),
+            ("backward", backward)]
+
+
+def vocab_parallel_table(batch: int, seq: int, hidden: int, vocab: int, ranks=(1, 2, 4, 8), dtype_bytes: int = 2) -> list[dict]:
+    """Per GPU at each number of ranks: the peak over the inputs, its phase, and the largest shard's head
+    (the part of the inputs that shrinks with the ranks)."""
+    rows = []
+    for p in ranks:
+        phase, parts = max(vocab_parallel_phases(batch, seq, hidden, vocab, p, dtype_bytes), key=lambda ph: sum(ph[1].values()))
+        rows.append({"ranks": p, "peak_gib": sum(parts.values()) / GIB, "phase": phase,
+                     "head_shard_gib": -(-vocab // p) * hidden * dtype_bytes / GIB})
+    return rows

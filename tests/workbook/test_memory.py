@@ -167,3 +167,18 @@ def test_eval_with_statistics_in_gemm_matches_the_measured_peaks():
 def test_stats_tile_columns_are_the_kernels():
     gluon_row_stats = pytest.importorskip("orpo_lib.kernels.gluon_row_stats")
     assert memory.STATS_TILE_COLUMNS == gluon_row_stats.BLOCK_N
+
+
+def test_vocab_parallel_memory_per_gpu():
+    table = memory.vocab_parallel_table(16, 4096, 4096, 128256)
+    assert [row["ranks"] for row in table] == [1, 2, 4, 8]
+    peaks = [row["peak_gib"] for row in table]
+    assert peaks == sorted(peaks, reverse=True) and peaks[0] > 2 * peaks[-1]  # more ranks, less per GPU
+    assert table[1]["head_shard_gib"] == pytest.approx(table[0]["head_shard_gib"] / 2, rel=1e-4)
+    one, eight = (dict(memory.vocab_parallel_phases(16, 4096, 4096, 128256, p)) for p in (1, 8))
+    assert one["statistics"]["chunk_logits"] == 4096 * 128256 * 2
+    assert eight["statistics"]["chunk_logits"] == 4096 * 16032 * 2  # ceil(128256 / 8) rows
+    # what does not shrink with the ranks: dX, and the gathered per-row statistics and chunk dX rows grow
+    assert eight["backward"]["dx"] == one["backward"]["dx"] == 16 * 4096 * 4096 * 2
+    assert eight["combine"]["gathered_row_stats"] > one["combine"]["gathered_row_stats"]
+    assert eight["gradient chunk"]["chunk_dx_fp32_gathered"] == 10 * 4096 * 4096 * 4

@@ -239,3 +239,9 @@ def test_kernel_tuning_statistics_gemm(runs):
     shown = {(row["batch"], row["seq"], row["hidden"], row["vocab"]): row for row in r["eval_before_after"]}
     assert len(shown) == 11
     assert all(row["fused_peak_gib"] < 0.1 < row["before_peak_gib"] for row in shown.values() if row["vocab"] > 65536)
+
+
+def test_memory_notebook_vocab_parallel_table(runs):
+    r = _record(runs, "03-memory")
+    expected = {str(row["ranks"]): row["peak_gib"] for row in memory.vocab_parallel_table(16, 4096, 4096, 128256)}
+    assert r["vocab_parallel_peak_gib"] == pytest.approx(expected)
