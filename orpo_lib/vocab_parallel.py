@@ -4,7 +4,7 @@ Each rank of the process group holds a contiguous slice of the head's rows, W_r 
 rank order giving the slices' order; the slices may have any sizes (a vocabulary that does not divide
 into equal shards is fine). Every rank gets the same hidden states and the same labels, in global ids.
 
-Per chunk of token rows, each rank runs the library's kernels on its own logits X·W_rᵀ, with the target
+Per chunk of the token rows some target needs, each rank runs the library's kernels on its own logits X·W_rᵀ, with the target
 ids that fall in its shard (-1 elsewhere): ``row_stats_kernel`` gives its partial log-sum-exp, the
 target logits it holds and its logit sums. Two all-gathers combine them, summed in rank order so that
 every rank gets the same bits and the result does not depend on the backend's reduction order:
@@ -85,43 +85,49 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     start, vocab = shard_starts(weight.shape[0], group, hidden.device)
     counts = count_tokens(target, nll_target, vocab, ignore_index, compute_nll_loss)  # global ids: same on every rank
     batch, seq, size = hidden.shape
-    tokens = batch * seq
-    x_all = hidden.reshape(tokens, size)
+    tokens, shard = batch * seq, weight.shape[0]
     target_ids, nll_ids = counts.target_ids.view(-1), counts.nll_ids.view(-1)
-    shard = weight.shape[0]
     target_local, nll_local = _local_ids(target_ids, start, shard, -1), _local_ids(nll_ids, start, shard, -1)
     # (the gradient pass: a token counts on every rank, whichever shard holds its column)
     target_grad_ids, nll_grad_ids = _local_ids(target_ids, start, shard, shard), _local_ids(nll_ids, start, shard, shard)
     stats = chunked.new_token_stats(batch, seq, chunked.stats_dtype(hidden.dtype), hidden.device)
+    # The rows some target needs, in token order (a token neither target counts is left out of every GEMM).
+    kept = sum(counts.kept_per_seq)
+    dropped = kept < tokens
+    row_tokens = (counts.kept_mask.view(-1).nonzero().squeeze(1) if dropped
+                  else torch.arange(tokens, device=hidden.device))
     rows = chunk_size or schedule.DEFAULT_CHUNK_ROWS
-    spans = [(r, min(r + rows, tokens)) for r in range(0, tokens, rows)]
-    buffer = hidden.new_empty(spans[0][1] - spans[0][0], weight.shape[0])
-    token_index = torch.arange(tokens, device=hidden.device)
+    spans = [(r, min(r + rows, kept)) for r in range(0, kept, rows)]
+    buffer = hidden.new_empty(spans[0][1] - spans[0][0], shard)
 
     def block(span, target, nll_target):
-        x, logits = x_all[span[0]:span[1]], buffer[: span[1] - span[0]]
+        tokens_here = row_tokens[span[0]:span[1]]
+        x = chunked.gather_rows(hidden, tokens_here) if dropped else hidden.reshape(tokens, size)[span[0]:span[1]]
+        logits = buffer[: span[1] - span[0]]
         torch.mm(x, weight.t(), out=logits)
-        s = slice(*span)
-        return chunked.Block(span, token_index[s], x, logits, target[s], nll_target[s])
+        return chunked.Block(span, tokens_here, x, logits, target[tokens_here], nll_target[tokens_here])
 
     for span in spans:
         chunked.row_stats(block(span, target_local, nll_local), stats)
     _combine_row_stats(stats, target_local, nll_local, target_ids >= 0, nll_ids >= 0, group)
     chunked.pair_terms(stats, counts, 0, batch // 2, seq, beta)
-    dx = hidden.new_empty(tokens, size) if grad_hidden else None
+    dx = (hidden.new_zeros if dropped else hidden.new_empty)(tokens, size) if grad_hidden else None
     dw = weight.new_zeros(weight.shape, dtype=chunked.dw_sum_dtype(weight.dtype, True)) if grad_weight else None
     if grad_hidden or grad_weight:
         for span in spans:
             b = block(span, target_grad_ids, nll_grad_ids)
             chunked.row_grads(b, stats, max(counts.nll_tokens, 1), seq)
             if grad_hidden:  # the chunk's dX rows in float32, summed over the ranks, rounded once
-                partial = chunked.mm_into(x_all.new_empty(b.x.shape, dtype=stats.lse.dtype), b.logits, weight)
-                dx[span[0]:span[1]] = _rank_order_sum(partial, group)
+                partial = chunked.mm_into(b.x.new_empty(b.x.shape, dtype=stats.lse.dtype), b.logits, weight)
+                dx.index_copy_(0, b.tokens, _rank_order_sum(partial, group).to(dx.dtype))
             if grad_weight:
                 chunked.accumulate_mm(dw, b.logits.t(), b.x)
     dx = dx.view(hidden.shape) if grad_hidden else None
-    logits_per_half = batch // 2 * seq * vocab
-    terms = chunked.loss_terms(stats, counts, stats.logit_sum.view(2, -1).sum(1), logits_per_half, compute_nll_loss)
+    logit_sums = stats.logit_sum.view(2, -1).sum(1)
+    if dropped:  # the dropped rows' logits of this shard, summed without computing them
+        logit_sums = logit_sums + _rank_order_sum(
+            chunked.dropped_logit_sums(hidden, weight, None, counts.kept_mask, stats.lse.dtype), group)
+    terms = chunked.loss_terms(stats, counts, logit_sums, batch // 2 * seq * vocab, compute_nll_loss)
     return terms, dx, dw
 
 
