@@ -13,11 +13,12 @@ every rank gets the same bits and the result does not depend on the backend's re
 * each row's exp(lse_r − max), target logit, NLL target logit and logit sum (16 bytes per row).
 
 Then the global log-sum-exp and log-probs, and the pair terms, are computed identically everywhere. The
-gradient pass computes each chunk's logits again (two passes, four GEMMs), rewrites them into the rank's
-columns of dL/dlogits with the global statistics, and forms dW_r += Gᵀ·X (this rank's shard, float32,
-no communication) and the chunk's partial dX = G·W_r in float32, which one more all-gather sums over the
-ranks (4·H bytes per row from each rank) before its one rounding to the input dtype. Every rank must make the same calls with the same
-arguments but its shard, gradients included, or the collectives wait for each other forever.
+gradient pass computes the logits of every chunk but the last (still in the buffer) again, rewrites them
+into the rank's columns of dL/dlogits with the global statistics, and forms dW_r += Gᵀ·X (this rank's
+shard, float32, no communication) and the chunk's partial dX = G·W_r in float32, which one more
+all-gather sums over the ranks (4·H bytes per row from each rank) before its one rounding to the input
+dtype. Every rank must make the same calls with the same arguments but its shard, gradients included, or
+the collectives wait for each other forever.
 
 A target's log-prob is its logit minus the global log-sum-exp, so a near-certain token's log p is
 rounded to within an ulp of the log-sum-exp rather than computed as −log1p(others) as in one process.
@@ -100,11 +101,12 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     spans = [(r, min(r + rows, kept)) for r in range(0, kept, rows)]
     buffer = hidden.new_empty(spans[0][1] - spans[0][0], shard)
 
-    def block(span, target, nll_target):
+    def block(span, target, nll_target, logits_ready=False):
         tokens_here = row_tokens[span[0]:span[1]]
         x = chunked.gather_rows(hidden, tokens_here) if dropped else hidden.reshape(tokens, size)[span[0]:span[1]]
         logits = buffer[: span[1] - span[0]]
-        torch.mm(x, weight.t(), out=logits)
+        if not logits_ready:
+            torch.mm(x, weight.t(), out=logits)
         return chunked.Block(span, tokens_here, x, logits, target[tokens_here], nll_target[tokens_here])
 
     for span in spans:
@@ -114,8 +116,9 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     dx = (hidden.new_zeros if dropped else hidden.new_empty)(tokens, size) if grad_hidden else None
     dw = weight.new_zeros(weight.shape, dtype=chunked.dw_sum_dtype(weight.dtype, True)) if grad_weight else None
     if grad_hidden or grad_weight:
-        for span in spans:
-            b = block(span, target_grad_ids, nll_grad_ids)
+        # last chunk first: its logits are still in the buffer, the others are computed again
+        for span in reversed(spans):
+            b = block(span, target_grad_ids, nll_grad_ids, logits_ready=span == spans[-1])
             chunked.row_grads(b, stats, max(counts.nll_tokens, 1), seq)
             if grad_hidden:  # the chunk's dX rows in float32, summed over the ranks, rounded once
                 partial = chunked.mm_into(b.x.new_empty(b.x.shape, dtype=stats.lse.dtype), b.logits, weight)
