@@ -4,6 +4,15 @@ import torch
 import orpo_lib
 
 
+# Marks of a test module that needs a Hopper GPU (the Gluon kernels use wgmma).
+ON_HOPPER = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9,
+                       reason="needs compute capability 9.x (Hopper: wgmma)"),
+]
+
+
 def make_problem(batch=4, seq=7, hidden=48, vocab=517, *, dtype=torch.float32, device="cpu", seed=0,
                  ignore_index=-100, ignored_fraction=0.25, with_bias=False, with_nll_target=False, logit_scale=1.0):
     """Seeded random inputs with a ragged mask; every sequence keeps at least its first target token."""

@@ -8,12 +8,9 @@ TMA zero-fills loads and clips stores at the edges. Anything else is a ValueErro
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9,
-                       reason="needs compute capability 9.x (Hopper: wgmma)"),
-]
+from conftest import ON_HOPPER
+
+pytestmark = ON_HOPPER
 
 if torch.cuda.is_available():
     from orpo_lib.kernels import gluon_gemm

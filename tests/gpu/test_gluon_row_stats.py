@@ -4,12 +4,9 @@ the same logits and against float64 (skipped elsewhere)."""
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9,
-                       reason="needs compute capability 9.x (Hopper: wgmma)"),
-]
+from conftest import ON_HOPPER
+
+pytestmark = ON_HOPPER
 
 if torch.cuda.is_available():
     from orpo_lib import kernels
