@@ -13,6 +13,7 @@ Which of the two kinds of saved state forward returns is decided from shapes and
 row count of a single block's gradient does, and is an unbacked size in the fake implementation.
 """
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -31,6 +32,12 @@ def _empty(like):
     return like.new_empty(0)
 
 
+def on_device(device):
+    """Make ``device`` the current CUDA device while the kernels launch: Triton launches on the current one,
+    and an LM head on another GPU than the current (a model split over GPUs) must not get the wrong one."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 @torch.library.custom_op(f"{_OPS}::fused_linear_orpo_forward", mutates_args=())
 def _forward_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
                 nll_target: Optional[torch.Tensor], beta: float, ignore_index: int, compute_nll_loss: bool,
@@ -42,7 +49,7 @@ def _forward_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     counts = count_tokens(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss)
     opts = chunked.Options(beta, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
                            single_block)
-    with torch.autocast(hidden.device.type, enabled=False):
+    with on_device(hidden.device), torch.autocast(hidden.device.type, enabled=False):
         out = chunked.forward(hidden, weight, bias, counts, opts)
     sums = out.sums or chunked.GradSums(None, None, None)
     saved = [_empty(hidden) if t is None else t for t in (sums.dx, sums.dw, sums.db, out.logit_grads)]
@@ -82,7 +89,7 @@ def _backward_op(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Te
                  single_block: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx, dw, db (empty where not needed), each a new tensor: the saved ones are only read."""
     grad_loss = grad_loss.to(chunked.stats_dtype(hidden.dtype))
-    with torch.autocast(hidden.device.type, enabled=False):
+    with on_device(hidden.device), torch.autocast(hidden.device.type, enabled=False):
         if single_block:
             grads = chunked.backward_from_logit_grads(grad_loss, hidden, weight, logit_grads,
                                                       row_tokens if row_tokens.numel() else None,

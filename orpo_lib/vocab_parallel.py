@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import chunked, schedule
+from .fused import on_device
 from .output import ORPOOutput, orpo_output
 from .validation import check_arguments, check_options, count_tokens
 
@@ -139,8 +140,9 @@ class _VocabParallelORPO(torch.autograd.Function):
     def forward(ctx, hidden, weight, target, nll_target, options):
         group, beta, ignore_index, compute_nll_loss, chunk_size = options
         grad_hidden, grad_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        terms, dx, dw = _forward(hidden, weight, target, nll_target, group, beta, ignore_index, compute_nll_loss,
-                                 chunk_size, grad_hidden, grad_weight)
+        with on_device(hidden.device):
+            terms, dx, dw = _forward(hidden, weight, target, nll_target, group, beta, ignore_index, compute_nll_loss,
+                                     chunk_size, grad_hidden, grad_weight)
         ctx.save_for_backward(dx, dw)  # only read in backward: a retained graph can run it again
         ctx.shape_and_dtype = hidden.shape, weight.dtype
         loss, *metrics = terms
@@ -152,8 +154,9 @@ class _VocabParallelORPO(torch.autograd.Function):
         dx, dw = ctx.saved_tensors
         shape, weight_dtype = ctx.shape_and_dtype
         sums = chunked.GradSums(dx, None, None if dw is None else dw.dtype, dw)
-        grad_hidden, grad_weight, _ = chunked.backward_from_sums(grad_loss.to(chunked.stats_dtype(weight_dtype)), sums,
-                                                                 shape, weight_dtype)
+        with on_device(grad_loss.device):
+            grad_hidden, grad_weight, _ = chunked.backward_from_sums(grad_loss.to(chunked.stats_dtype(weight_dtype)),
+                                                                     sums, shape, weight_dtype)
         return grad_hidden, grad_weight, None, None, None
 
 

@@ -126,3 +126,14 @@ def test_errors_come_before_any_work():
     with pytest.raises(ValueError):
         orpo_lib.fused_linear_orpo_loss(hidden, problem["weight"], bad)
     assert hidden.grad is None and torch.equal(hidden.detach(), problem["hidden"])
+
+
+def test_kernels_launch_on_the_tensors_device():
+    """Triton launches on the current CUDA device: the ops make the inputs' device current (an LM head on
+    another GPU than the current one, as a model split over GPUs has it); on the CPU nothing changes."""
+    from orpo_lib.fused import on_device
+
+    guard = on_device(torch.device("cuda", 1))
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+    with on_device(torch.device("cpu")):
+        pass
