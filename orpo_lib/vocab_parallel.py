@@ -138,8 +138,7 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
 class _VocabParallelORPO(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, nll_target, options):
-        group, beta, ignore_index, compute_nll_loss, chunk_size = options
-        grad_hidden, grad_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        group, beta, ignore_index, compute_nll_loss, chunk_size, grad_hidden, grad_weight = options
         with on_device(hidden.device):
             terms, dx, dw = _forward(hidden, weight, target, nll_target, group, beta, ignore_index, compute_nll_loss,
                                      chunk_size, grad_hidden, grad_weight)
@@ -174,8 +173,11 @@ def vocab_parallel_orpo_loss(hidden, weight_shard, target, *, process_group=None
     check_options(beta=beta, ignore_index=ignore_index, compute_nll_loss=compute_nll_loss, chunk_size=chunk_size,
                   fp32_weight_grad=True)
     group = process_group or dist.group.WORLD
+    grad_on = torch.is_grad_enabled()  # (inside the Function's forward it is off)
+    options = (group, float(beta), int(ignore_index), compute_nll_loss, chunk_size, grad_on and hidden.requires_grad,
+               grad_on and weight_shard.requires_grad)
     loss, nll_loss, or_loss, seq_logp, log_odds, logits_means = _VocabParallelORPO.apply(
-        hidden, weight_shard, target, nll_target, (group, float(beta), int(ignore_index), compute_nll_loss, chunk_size))
+        hidden, weight_shard, target, nll_target, options)
     pairs = hidden.shape[0] // 2
     return orpo_output(loss, nll_loss, or_loss, seq_logp[:pairs], seq_logp[pairs:], log_odds, beta=float(beta),
                        chosen_logits_mean=logits_means[0], rejected_logits_mean=logits_means[1])
