@@ -330,15 +330,16 @@ def group_pair_terms(call: Call, group) -> None:
 def statistics_only(call: Call, group, ready: Block | None) -> None:
     """No gradients: the row statistics of each block, from its logits in the buffer or, with no buffer
     (``statistics_in_gemm``), from inside the logits GEMM."""
-    for span in group.blocks:
-        if call.buffer is None:
-            block = make_block(span, block_rows(call.plan, span, call.hidden), None, call.row_tokens, call.counts,
-                               call.plan.token_order)
-            from .kernels.gluon_row_stats import logits_row_stats  # Gluon: imported where Hopper runs it
-            logits_row_stats(block.x, call.weight, block.target, block.nll_target, block.tokens, call.stats.logp,
-                             call.stats.nll_logp, call.stats.logit_sum, call.stats.lse)
-        else:
+    if call.buffer is not None:
+        for span in group.blocks:
             row_stats(block_at(call, span, ready), call.stats)
+        return
+    from .kernels.gluon_row_stats import logits_row_stats  # Gluon: imported only where Hopper runs it
+    for span in group.blocks:
+        block = make_block(span, block_rows(call.plan, span, call.hidden), None, call.row_tokens, call.counts,
+                           call.plan.token_order)
+        logits_row_stats(block.x, call.weight, block.target, block.nll_target, block.tokens, call.stats.logp,
+                         call.stats.nll_logp, call.stats.logit_sum, call.stats.lse)
 
 
 def statistics_in_gemm(hidden, weight, bias, counts: TokenCounts, opts: Options) -> bool:

@@ -101,10 +101,11 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     rows = chunk_size or schedule.DEFAULT_CHUNK_ROWS
     spans = [(r, min(r + rows, kept)) for r in range(0, kept, rows)]
     buffer = hidden.new_empty(spans[0][1] - spans[0][0], shard)
+    flat = None if dropped else chunked.hidden_rows(hidden)  # hidden's rows in place, where its strides allow
 
     def block(span, target, nll_target, logits_ready=False):
         tokens_here = row_tokens[span[0]:span[1]]
-        x = chunked.gather_rows(hidden, tokens_here) if dropped else hidden.reshape(tokens, size)[span[0]:span[1]]
+        x = chunked.gather_rows(hidden, tokens_here) if flat is None else flat[span[0]:span[1]]
         logits = buffer[: span[1] - span[0]]
         if not logits_ready:
             torch.mm(x, weight.t(), out=logits)

@@ -1,3 +1,8 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +16,19 @@ ON_HOPPER = [
     pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9,
                        reason="needs compute capability 9.x (Hopper: wgmma)"),
 ]
+
+
+def compile_in_fresh_process(module: str, call: str) -> dict:
+    """``orpo_lib.kernels.<module>.<call>`` (a compile_for_target call) in a process of its own: its ttgir,
+    PTX, warps and shared memory. Once the Triton interpreter has run kernels in a process (as the CPU tests
+    do), compiling Gluon there can fail inside triton's own helpers."""
+    code = (f"import json, torch; from orpo_lib.kernels import {module} as m; k = m.{call}; "
+            "print(json.dumps({'ttgir': k.asm['ttgir'], 'ptx': k.asm['ptx'], 'num_warps': k.metadata.num_warps, "
+            "'shared': k.metadata.shared}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def make_problem(batch=4, seq=7, hidden=48, vocab=517, *, dtype=torch.float32, device="cpu", seed=0,

@@ -208,6 +208,7 @@ def gemm_ws_worker_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr,
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [1, BLOCK_M, BLOCK_N], c_desc.layout)
     c_ready_bars = _alloc_barriers(1)
     c_empty_bars = _alloc_barriers(1)
+    turn_bars = _alloc_barriers(1)  # (one MMA warpgroup: its turns are never waited for)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -217,7 +218,7 @@ def gemm_ws_worker_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr,
     gl.warp_specialize([
         (_store_partition, (c_desc, c_bufs, c_ready_bars, c_empty_bars, num_pid_m, num_pid_n, GROUP_M)),
         (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
-                                  c_ready_bars, num_pid_m, num_pid_n, k_tiles, 0)),  # (one warpgroup: no turns)
+                                  turn_bars, num_pid_m, num_pid_n, k_tiles, 0)),
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n, k_tiles,
                            GROUP_M)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])

@@ -380,9 +380,7 @@ NO_GPU_NOTEBOOKS_MESSAGE = (
 def latest_gpu_notebooks(data_dir: str | Path | None = None) -> dict | None:
     """The newest ``notebooks-<date>-<gpu>.json`` (every notebook executed on a GPU with ``run_gpu=True``):
     ``{"provenance": ..., "notebooks": {stem: {"seconds": ..., "record": {...}}}, "source": file name}``."""
-    directory = Path(data_dir) if data_dir else DATA_DIR
-    paths = sorted(directory.glob("notebooks-*.json"))  # the date leads the name
-    return {**json.loads(paths[-1].read_text()), "source": paths[-1].name} if paths else None
+    return latest_record("notebooks-*.json", data_dir)
 
 
 def gpu_run_value(stem: str, name: str, data_dir: str | Path | None = None) -> tuple[str, object] | None:

@@ -1,14 +1,12 @@
 """The Gluon GEMM compiles for sm_90a down to a cubin without a GPU (triton's bundled ptxas), and its
 shape rules need no GPU either. Whether it is correct is tests/gpu/test_gluon_gemm.py's job."""
 
-import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+
+from conftest import compile_in_fresh_process
 
 gluon_gemm = pytest.importorskip("orpo_lib.kernels.gluon_gemm", reason="needs triton.experimental.gluon (triton 3.6)")
 
@@ -19,23 +17,9 @@ def _region(ttgir, start, end):
     return ttgir[ttgir.index(start):ttgir.index(end) if end else len(ttgir)]
 
 
-def compile_in_fresh_process(out_dtype):
-    """ttgir, PTX and metadata of the compiled kernel, from a process of its own: once the Triton interpreter
-    has run kernels (as other CPU tests do), compiling Gluon in the same process can fail inside triton's
-    own helpers."""
-    code = ("import json, torch; from orpo_lib.kernels import gluon_gemm as g; "
-            f"k = g.compile_for_target(torch.{str(out_dtype).split('.')[-1]}); "
-            "print(json.dumps({'ttgir': k.asm['ttgir'], 'ptx': k.asm['ptx'], 'num_warps': k.metadata.num_warps, "
-            "'shared': k.metadata.shared}))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_compiles_with_wgmma_in_the_worker(out_dtype):
-    kernel = compile_in_fresh_process(out_dtype)
+    kernel = compile_in_fresh_process("gluon_gemm", f"compile_for_target({out_dtype})")
     ttgir, ptx = kernel["ttgir"], kernel["ptx"]
     mma = _region(ttgir, "partition0(", "partition1(")
     load = _region(ttgir, "partition1(", None)

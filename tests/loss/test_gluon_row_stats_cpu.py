@@ -2,11 +2,7 @@
 partials (plain Triton, run by the interpreter) gives what row_stats_kernel gives from the whole row.
 Whether the epilogue computes those partials right is tests/gpu/test_gluon_row_stats.py's job."""
 
-import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,28 +10,17 @@ import torch
 from orpo_lib import kernels
 from orpo_lib.kernels.row_stats import fold_row_stats
 
+from conftest import compile_in_fresh_process
+
 gluon_row_stats = pytest.importorskip("orpo_lib.kernels.gluon_row_stats",
                                       reason="needs triton.experimental.gluon (triton 3.6)")
 
 H200_SMEM_BYTES = 232448
 
 
-def compile_in_fresh_process(store_logits):
-    """The compiled kernel's PTX and metadata, from a process of its own: once the Triton interpreter has run
-    kernels (as the CPU tests around this one do), compiling Gluon in the same process can fail inside
-    triton's own helpers."""
-    code = ("import json; from orpo_lib.kernels import gluon_row_stats as g; "
-            f"k = g.compile_for_target(store_logits={store_logits}); "
-            "print(json.dumps({'ptx': k.asm['ptx'], 'shared': k.metadata.shared}))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 @pytest.mark.parametrize("store_logits", [False, True])
 def test_compiles_for_sm90a(store_logits):
-    kernel = compile_in_fresh_process(store_logits)
+    kernel = compile_in_fresh_process("gluon_row_stats", f"compile_for_target(store_logits={store_logits})")
     ptx = kernel["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16", ptx)) >= 2  # 2 warpgroups
     assert "ex2.approx" in ptx and "cp.async.bulk.tensor" in ptx  # the epilogue's exp, the TMA loads
