@@ -28,9 +28,8 @@ import torch
 import torch.distributed as dist
 
 from . import chunked, schedule
-from .fused import on_device
 from .output import ORPOOutput, orpo_output
-from .validation import check_arguments, check_options, count_tokens
+from .validation import check_arguments, check_options, count_tokens, on_device
 
 
 def _gathered(tensor, group) -> list:
