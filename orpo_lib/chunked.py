@@ -40,7 +40,7 @@ import torch
 
 from . import kernels, schedule
 from ._triton_mode import INTERPRET
-from .validation import LabelCheck, TokenCounts
+from .validation import TokenCounts
 
 
 @dataclass(frozen=True)
@@ -123,19 +123,12 @@ def make_plan(hidden, vocab: int, counts: TokenCounts, opts: Options) -> Plan:
     # and one group holds every pair (or no pairs are needed).
     if not dropped and hidden_rows(hidden) is not None and (not opts.needs_grad or len(groups) == 1):
         return Plan(groups, None, False, buffer_rows)
-    if opts.single_block:  # one group: any order serves; the kept rows in token order, as EarlyLogits has them
-        return Plan(groups, kept_first(counts.kept_mask.view(-1))[:kept_rows], dropped, buffer_rows)
     # pair order (chosen i, then rejected i), without the tokens no target needs
     order = torch.arange(tokens, device=hidden.device).view(2, pairs, seq).transpose(0, 1).reshape(-1)
-    if dropped:
-        order = order[kept_first(counts.kept_mask.view(-1)[order])[:kept_rows]]
+    if dropped:  # kept rows first, by a stable sort: their number is known, so no read-back
+        kept = counts.kept_mask.view(-1)[order].to(torch.uint8)  # (CUDA sorts bool only since torch 2.6)
+        order = order[torch.argsort(kept, descending=True, stable=True)[:kept_rows]]
     return Plan(groups, order, dropped, buffer_rows)
-
-
-def kept_first(kept):
-    """The indices of ``kept`` (bool), the True ones first, each part in order: a stable sort, so that the
-    kept rows are the first ones without their number being read back."""
-    return torch.argsort(kept.to(torch.uint8), descending=True, stable=True)  # (CUDA sorts bool only since 2.6)
 
 
 def gradient_groups(hidden, vocab: int, counts: TokenCounts, opts: Options, pair_rows: list, chunk_rows: int) -> list:
@@ -351,17 +344,13 @@ def statistics_only(call: Call, group, ready: Block | None) -> None:
 
 def statistics_in_gemm(hidden, weight, bias, counts: TokenCounts, opts: Options) -> bool:
     """``schedule.statistics_in_gemm`` for these tensors, with the alignment TMA needs of their rows."""
-    if opts.needs_grad or not tma_aligned(hidden, weight):
+    if opts.needs_grad or not hidden.is_cuda or INTERPRET:
         return False
-    return schedule.statistics_in_gemm(torch.cuda.get_device_capability(hidden.device), hidden.dtype,
-                                       bias is not None, hidden.shape[-1], weight.shape[0], sum(counts.kept_per_seq))
-
-
-def tma_aligned(*tensors) -> bool:
-    """CUDA tensors (not interpreted) whose rows TMA can address: unit stride along the last dimension, and a
-    16-byte aligned base and row stride."""
-    return not INTERPRET and all(t.is_cuda and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-                                 and (t.stride(-2) * t.element_size()) % 16 == 0 for t in tensors)
+    aligned = weight.stride(1) == 1 and all(t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0
+                                            for t in (hidden, weight))
+    return aligned and hidden.stride(-1) == 1 and schedule.statistics_in_gemm(
+        torch.cuda.get_device_capability(hidden.device), hidden.dtype, bias is not None, hidden.shape[-1],
+        weight.shape[0], sum(counts.kept_per_seq))
 
 
 def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) -> None:
@@ -469,37 +458,6 @@ def add_pair_dx(dx, dx_rows, scales, call: Call, group) -> None:
         dx.index_copy_(0, call.row_tokens[start:end], out)
 
 
-# ---- the logits GEMM before the label counts -----------------------------------------------------
-
-@dataclass(frozen=True)
-class EarlyLogits:
-    """A single block's logits GEMM, queued before the label check's counts come back: every token's row of
-    hidden, the kept ones first (``kept_first``), of which the GEMM computes the kept ones, their number
-    read on the device."""
-
-    x: torch.Tensor  # (B*T, H) hidden's rows in that order
-    logits: torch.Tensor  # (B*T, V) its first rows (as many as are kept) hold their logits
-
-
-def logits_before_counts(hidden, weight, bias, check: LabelCheck, opts: Options) -> EarlyLogits | None:
-    """Queue the single block's logits GEMM now, if ``schedule.logits_before_counts`` says so (else None).
-
-    The label read-back is started first, so that it does not wait for the GEMM. Nothing the GEMM writes is
-    returned before ``check.counts()`` has checked the labels; the GEMM itself never reads them.
-    """
-    if not tma_aligned(weight) or not schedule.logits_before_counts(
-            torch.cuda.get_device_capability(hidden.device), hidden.dtype, bias is not None, hidden.shape[-1],
-            weight.shape[0], opts.single_block):
-        return None
-    from .kernels.gluon_gemm import gluon_matmul_abt  # Gluon: imported only where Hopper runs it
-    check.copy_to_host()
-    kept = check.kept_mask.view(-1)
-    x = gather_rows(hidden, kept_first(kept))
-    logits = hidden.new_empty(x.shape[0], weight.shape[0])
-    gluon_matmul_abt(x, weight, hidden.dtype, out=logits, rows=kept.sum(dtype=torch.int32).view(1))
-    return EarlyLogits(x, logits)
-
-
 # ---- forward and backward -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -517,20 +475,15 @@ class Forward:
     row_tokens: torch.Tensor | None = None  # (kept,) its rows' token indices; None in token order
 
 
-def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: EarlyLogits | None = None) -> Forward:
-    """``early``: the single block's logits, already queued (``logits_before_counts``)."""
+def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward:
     plan = make_plan(hidden, weight.shape[0], counts, opts)
     if statistics_in_gemm(hidden, weight, bias, counts, opts):  # no logits buffer at all
         call = new_call(hidden, weight, bias, counts, opts, plan, None)
         sums = ready = None
     else:
+        buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
         first_span = plan.groups[0].blocks[0]
-        if early is None:
-            buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
-            x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
-        else:  # the single block: its rows are the kept ones, first in early's order
-            buffer = logits = early.logits[:plan.buffer_rows]
-            x = early.x[:plan.buffer_rows]
+        x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
         # the first GEMM is queued: the GPU is busy while the host finishes the setup
         call = new_call(hidden, weight, bias, counts, opts, plan, buffer)
         sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None

@@ -5,8 +5,7 @@ The chunked computation (``chunked.py``) sits behind two ``torch.library`` custo
 traces the Triton launches or the in-place rewrites of the logits buffer:
 
 * ``orpo_lib::fused_linear_orpo_forward`` — label check, chunk loop, loss terms; it also returns what
-  backward needs (the unscaled gradient sums, or the gradient of the logits of a single block). On Hopper
-  a single block's logits GEMM is queued before the label check's counts are read back.
+  backward needs (the unscaled gradient sums, or the gradient of the logits of a single block).
 * ``orpo_lib::fused_linear_orpo_backward`` — applies the upstream gradient to those, into new tensors.
 
 Which of the two kinds of saved state forward returns is decided from shapes and options alone
@@ -20,7 +19,7 @@ import torch
 
 from . import chunked, schedule
 from .output import ORPOOutput, orpo_output
-from .validation import check_arguments, check_options, on_device, start_label_check
+from .validation import check_arguments, check_options, count_tokens, on_device
 
 
 # The ops' namespace is the package's name, so that a second copy of the package loaded beside this one
@@ -40,13 +39,11 @@ def _forward_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                                                                torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                                torch.Tensor, torch.Tensor, torch.Tensor]:
     """loss, nll_loss, or_loss, seq_logp, log_odds, logits_means; dx, dw, db sums; logit_grads, row_tokens."""
+    counts = count_tokens(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss)
     opts = chunked.Options(beta, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
                            single_block)
     with on_device(hidden.device), torch.autocast(hidden.device.type, enabled=False):
-        check = start_label_check(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss)
-        early = chunked.logits_before_counts(hidden, weight, bias, check, opts)
-        counts = check.counts()  # bad labels raise here, before any result exists
-        out = chunked.forward(hidden, weight, bias, counts, opts, early)
+        out = chunked.forward(hidden, weight, bias, counts, opts)
     sums = out.sums or chunked.GradSums(None, None, None)
     saved = [_empty(hidden) if t is None else t for t in (sums.dx, sums.dw, sums.db, out.logit_grads)]
     row_tokens = target.new_empty(0, dtype=torch.int64) if out.row_tokens is None else out.row_tokens

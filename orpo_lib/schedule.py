@@ -202,25 +202,13 @@ STATS_GEMM_MIN_VOCAB = 65536
 STATS_GEMM_MIN_ROWS = 8192
 
 
-def gluon_logits(capability: tuple | None, dtype: torch.dtype, has_bias: bool, hidden_size: int, vocab: int) -> bool:
-    """Whether the Gluon logits GEMMs (``kernels.gluon_gemm``, ``kernels.gluon_row_stats``) can run: Hopper,
-    bf16 or fp16 inputs, no bias, and H and V multiples of 8 (the 16-byte rows TMA needs). ``capability`` is
-    the CUDA device's (None: not a CUDA device, or kernels interpreted)."""
-    return (capability is not None and capability[0] == 9 and dtype in (torch.bfloat16, torch.float16)
-            and not has_bias and hidden_size % 8 == 0 and vocab % 8 == 0)
-
-
 def statistics_in_gemm(capability: tuple | None, dtype: torch.dtype, has_bias: bool, hidden_size: int,
                        vocab: int, rows: int) -> bool:
     """Whether a call without gradients computes the row statistics of its ``rows`` kept token rows inside
-    the logits GEMM instead of writing the logits to a buffer and reading them back."""
-    return (gluon_logits(capability, dtype, has_bias, hidden_size, vocab) and vocab >= STATS_GEMM_MIN_VOCAB
+    the logits GEMM (Hopper, bf16 or fp16 inputs, no bias, rows that TMA can address) instead of writing
+    the logits to a buffer and reading them back. ``capability`` is the CUDA device's (None: not a CUDA
+    device, or kernels interpreted)."""
+    # (the kernel's operand rules, gluon_row_stats.check_supported, want H and V multiples of 8)
+    return (capability is not None and capability[0] == 9 and dtype in (torch.bfloat16, torch.float16)
+            and not has_bias and hidden_size % 8 == 0 and vocab % 8 == 0 and vocab >= STATS_GEMM_MIN_VOCAB
             and rows >= STATS_GEMM_MIN_ROWS)
-
-
-def logits_before_counts(capability: tuple | None, dtype: torch.dtype, has_bias: bool, hidden_size: int,
-                         vocab: int, single_block: bool) -> bool:
-    """Whether a single block's logits GEMM is queued before the label check's counts come back (so that the
-    GPU does not wait for the host's read-back): the GEMM then reads how many rows to compute from the
-    device, which the Gluon GEMM can and cuBLAS cannot."""
-    return single_block and gluon_logits(capability, dtype, has_bias, hidden_size, vocab)

@@ -113,73 +113,7 @@ class TokenCounts:
     @property
     def kept_mask(self) -> torch.Tensor:
         """(B, T) the tokens some target needs."""
-        return kept_mask(self.target_ids, self.nll_ids)
-
-
-def kept_mask(target_ids, nll_ids) -> torch.Tensor:
-    """(B, T) the tokens some target needs, from the label check's ids (-1 where a token does not count)."""
-    return (target_ids >= 0) | (nll_ids >= 0)
-
-
-@dataclass
-class LabelCheck:
-    """The label check's kernel has been queued; its per-sequence counts are not yet on the host.
-
-    Work that does not depend on the counts (the logits GEMM of a single block) may be queued before
-    ``counts()`` reads them back; bad labels still raise there, before any result exists.
-    """
-
-    target_ids: torch.Tensor
-    nll_ids: torch.Tensor
-    stats: torch.Tensor  # (B, 6) int32 on the device
-    vocab: int
-    ignore_index: int
-    compute_nll_loss: bool
-    nll_name: str  # the argument the NLL labels came from, for the error
-    host_stats: torch.Tensor | None = None  # a pinned copy in flight (``copy_to_host``)
-    copied: torch.cuda.Event | None = None
-
-    @property
-    def kept_mask(self) -> torch.Tensor:
-        return kept_mask(self.target_ids, self.nll_ids)
-
-    def copy_to_host(self) -> None:
-        """Start the read-back now, so that work queued after it does not delay it."""
-        if self.stats.is_cuda:
-            self.host_stats = torch.empty(self.stats.shape, dtype=self.stats.dtype, pin_memory=True)
-            self.host_stats.copy_(self.stats, non_blocking=True)
-            self.copied = torch.cuda.Event()
-            self.copied.record()
-
-    def counts(self) -> TokenCounts:
-        """Wait for the counts and check them: a clear error for ids outside the vocabulary and for a sequence
-        or a chosen half with nothing to count."""
-        if self.copied is not None:
-            self.copied.synchronize()
-            rows = self.host_stats.tolist()
-        else:  # rows read back as they are (transposing on the device first costs a copy kernel, ~30 µs here)
-            rows = self.stats.tolist()
-        per_seq, kept, nll_per_seq, bad_target, bad_nll, blockers = zip(*rows)
-        vocab, ignore_index = self.vocab, self.ignore_index
-        if sum(bad_target):
-            raise ValueError(f"target holds {sum(bad_target)} token id(s) outside [0, {vocab}) that are not "
-                             f"ignore_index={ignore_index}")
-        if sum(bad_nll):
-            raise ValueError(f"nll_target holds {sum(bad_nll)} token id(s) outside [0, {vocab}) that are not "
-                             f"ignore_index={ignore_index}")
-        empty = [i for i, n in enumerate(per_seq) if n == 0]
-        if empty:
-            raise ValueError(
-                f"target has no tokens other than ignore_index={ignore_index} in sequence(s) {empty[:8]}"
-                " (rows [0, B/2) chosen, [B/2, B) rejected): their log-probability is undefined"
-            )
-        if self.compute_nll_loss and sum(nll_per_seq) == 0:
-            raise ValueError(
-                f"{self.nll_name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
-                " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
-            )
-        return TokenCounts(self.target_ids, self.nll_ids, self.stats, list(per_seq), list(kept), sum(nll_per_seq),
-                           list(blockers))
+        return self.target_valid | self.nll_valid
 
 
 def on_device(device):
@@ -188,17 +122,33 @@ def on_device(device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def start_label_check(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool) -> LabelCheck:
-    """Queue the label check (one kernel): ``.counts()`` then reads its results back and checks them."""
+def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool) -> TokenCounts:
+    """Check the label values and count the tokens that take part: one kernel, one device-to-host transfer."""
     if target.device.type == "cpu" and not INTERPRET:
         raise ValueError("the tensors are on the CPU, but the Triton kernels were compiled for the GPU: move them "
                          "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
     with on_device(target.device):
         target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore_index, compute_nll_loss)
-    return LabelCheck(target_ids, nll_ids, stats, vocab, ignore_index, compute_nll_loss,
-                      "target" if nll_target is None else "nll_target")
-
-
-def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool) -> TokenCounts:
-    """Check the label values and count the tokens that take part: one kernel, one device-to-host transfer."""
-    return start_label_check(target, nll_target, vocab, ignore_index, compute_nll_loss).counts()
+    # rows read back as they are (transposing on the device first costs a copy kernel, ~30 µs here)
+    per_seq, kept, nll_per_seq, bad_target, bad_nll, blockers = zip(*stats.tolist())
+    if sum(bad_target):
+        raise ValueError(
+            f"target holds {sum(bad_target)} token id(s) outside [0, {vocab}) that are not ignore_index={ignore_index}"
+        )
+    if sum(bad_nll):
+        raise ValueError(
+            f"nll_target holds {sum(bad_nll)} token id(s) outside [0, {vocab}) that are not ignore_index={ignore_index}"
+        )
+    empty = [i for i, n in enumerate(per_seq) if n == 0]
+    if empty:
+        raise ValueError(
+            f"target has no tokens other than ignore_index={ignore_index} in sequence(s) {empty[:8]}"
+            " (rows [0, B/2) chosen, [B/2, B) rejected): their log-probability is undefined"
+        )
+    if compute_nll_loss and sum(nll_per_seq) == 0:
+        name = "target" if nll_target is None else "nll_target"
+        raise ValueError(
+            f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
+            " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
+        )
+    return TokenCounts(target_ids, nll_ids, stats, list(per_seq), list(kept), sum(nll_per_seq), list(blockers))

@@ -198,13 +198,11 @@ def _alloc_barriers(count: gl.constexpr):
 
 
 @gluon.jit(do_not_specialize=["M", "N", "K"])  # shapes reach the kernel via TMA; one compile for all
-def gemm_ws_worker_kernel(a_desc, b_desc, c_desc, M, N, K, rows_ptr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                          LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, ROWS_ON_DEVICE: gl.constexpr):
+def gemm_ws_worker_kernel(a_desc, b_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                          LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    if ROWS_ON_DEVICE:  # only the first rows of A count, as many as a device tensor says (known after launch)
-        M = gl.minimum(gl.load(rows_ptr), M)
     a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
     # the C tile's hand-off from the MMA warpgroup to the epilogue: a buffer, its ready and empty barriers
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [1, BLOCK_M, BLOCK_N], c_desc.layout)
@@ -268,14 +266,13 @@ def _descriptors(a, b, out, block_m, block_n, block_k):
             TensorDescriptor.from_tensor(out, [block_m, block_n], c_layout))
 
 
-def _launch_plan(descs, M, N, K, rows, *, block_m, block_n, stages, group_m, programs, maxnreg, load_regs,
-                 mma_regs):
+def _launch_plan(descs, M, N, K, *, block_m, block_n, stages, group_m, programs, maxnreg, load_regs, mma_regs):
     """(grid, positional args, launch options) of the kernel: shared by launch and compile-only."""
-    num_tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)  # at most: ``rows`` may leave some out
+    num_tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     grid = (max(1, min(programs, num_tiles)), )
     # 4 (default) + 4 (MMA) + 1 (loader) warps, rounded up to 12: 65536 / 384 threads = 170 → 168.
     opts = {"num_warps": 4, "maxnreg": 168 if maxnreg is None else maxnreg}
-    return grid, (*descs, M, N, K, rows, stages, group_m, load_regs, mma_regs, rows is not None), opts
+    return grid, (*descs, M, N, K, stages, group_m, load_regs, mma_regs), opts
 
 
 def _check_config(block_m, block_n, block_k, stages):
@@ -286,13 +283,8 @@ def _check_config(block_m, block_n, block_k, stages):
 
 
 def gluon_matmul_abt(a, b, out_dtype=torch.float32, *, block_m=128, block_n=128, block_k=64,
-                     stages=4, group_m=8, num_programs=None, maxnreg=None, load_regs=24, mma_regs=232, out=None,
-                     rows=None):
+                     stages=4, group_m=8, num_programs=None, maxnreg=None, load_regs=24, mma_regs=232, out=None):
     """C = a @ b.T with a (M, K), b (N, K); returns C (M, N) in ``out_dtype`` (float32 accumulation).
-
-    ``rows``: a one-element int32 CUDA tensor holding how many leading rows of a to multiply (at most M); the
-    rows of C after them are left as they were. The count is read by the kernel, so it may still be being
-    computed when the GEMM is queued.
 
     ``num_programs`` caps the persistent grid (default: #SMs). ``maxnreg`` is passed to the compiler
     (default 168); ``load_regs``/``mma_regs`` are
@@ -313,12 +305,9 @@ def gluon_matmul_abt(a, b, out_dtype=torch.float32, *, block_m=128, block_n=128,
     elif tuple(out.shape) != (M, N) or out.dtype != out_dtype:
         raise ValueError(f"gluon_gemm: out must be {(M, N)} {out_dtype}, got {tuple(out.shape)} {out.dtype}")
     _check_operand("out", out)
-    if rows is not None and (rows.dtype != torch.int32 or rows.numel() != 1 or rows.device != a.device):
-        raise ValueError(f"gluon_gemm: rows must be a one-element int32 tensor on {a.device}, got {rows.dtype} "
-                         f"{tuple(rows.shape)} on {rows.device}")
     descs = _descriptors(a, b, out, block_m, block_n, block_k)
     programs = num_programs or _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
-    grid, args, opts = _launch_plan(descs, M, N, K, rows, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
+    grid, args, opts = _launch_plan(descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
                                     programs=programs, maxnreg=maxnreg, load_regs=load_regs, mma_regs=mma_regs)
     gemm_ws_worker_kernel[grid](*args, **opts)
     return out
@@ -326,12 +315,11 @@ def gluon_matmul_abt(a, b, out_dtype=torch.float32, *, block_m=128, block_n=128,
 
 def compile_for_target(out_dtype=torch.float32, *, target=None, in_dtype=torch.bfloat16,
                        block_m=128, block_n=128, block_k=64, stages=4, group_m=8, maxnreg=None, load_regs=24,
-                       mma_regs=232, rows_on_device=False):
+                       mma_regs=232):
     """Compile the kernel down to a cubin without launching it; no GPU needed.
 
     ``target`` defaults to ``GPUTarget("cuda", 90, 32)`` (sm_90a). Returns triton's CompiledKernel, whose
-    ``asm`` holds the ttgir, llir, ptx and cubin. ``rows_on_device``: the variant whose row count is a
-    device tensor (``gluon_matmul_abt(..., rows=)``).
+    ``asm`` holds the ttgir, llir, ptx and cubin.
     """
     _check_config(block_m, block_n, block_k, stages)
     M, N, K = 1000, 776, 1000  # the shapes are runtime arguments (not specialised): any supported ones do
@@ -339,8 +327,7 @@ def compile_for_target(out_dtype=torch.float32, *, target=None, in_dtype=torch.b
     b = torch.empty((N, K), dtype=in_dtype)
     out = torch.empty((M, N), dtype=out_dtype)
     descs = _descriptors(a, b, out, block_m, block_n, block_k)
-    rows = torch.empty(1, dtype=torch.int32) if rows_on_device else None
-    _, args, opts = _launch_plan(descs, M, N, K, rows, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
+    _, args, opts = _launch_plan(descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
                                  programs=132, maxnreg=maxnreg, load_regs=load_regs, mma_regs=mma_regs)
     return compile_kernel(gemm_ws_worker_kernel, args, opts, target)
 

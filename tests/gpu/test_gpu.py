@@ -249,43 +249,6 @@ def test_eval_statistics_in_gemm(monkeypatch, labels, chunk_size):
 
 
 @hopper_only
-@pytest.mark.parametrize("labels,ignored_fraction", [("nll on the target", 0.0), ("nll on the target", 0.25),
-                                                     ("trl", 0.0)])
-def test_logits_before_counts(monkeypatch, labels, ignored_fraction):
-    """A single block on Hopper: its logits GEMM (Gluon, the row count read on the device) is queued before
-    the label check's counts come back. Errors against float64 within 1.5× the baseline's, close to the path
-    that waits for the counts (cuBLAS), the same bits twice; bad labels still raise before any gradient."""
-    from orpo_lib import chunked
-
-    problem = make_problem(4, 300, 512, 32000, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=7,
-                           ignored_fraction=ignored_fraction)
-    if labels == "trl":
-        problem = with_trl_labels(problem, [100, 40, 150, 60], [0, 30, 10, 0], seed=7)
-    taken, real = [], chunked.logits_before_counts
-    monkeypatch.setattr(chunked, "logits_before_counts", lambda *a: taken.append(real(*a)) or taken[-1])
-    ref, ref_grads = reference_with_grads(problem)
-    first, second = (run_with_grads(orpo_lib.fused_linear_orpo_loss, problem) for _ in range(2))
-    assert [t is not None for t in taken] == [True, True]
-    fused = errors(*first, ref, ref_grads)
-    baseline = errors(*run_with_grads(orpo_lib.orpo_loss_baseline, problem), ref, ref_grads)
-    for name in fused:
-        assert fused[name] <= max(1.5 * baseline[name], 1e-3), (name, fused, baseline)
-    assert torch.equal(first[0].loss, second[0].loss)
-    assert all(torch.equal(first[1][k], second[1][k]) for k in first[1])
-    monkeypatch.setattr(chunked, "logits_before_counts", lambda *a: None)
-    waited = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
-    assert rel_err(first[0].loss, waited[0].loss) < 1e-4
-    assert all(rel_err(first[1][k], waited[1][k]) < 1e-2 for k in first[1])
-    monkeypatch.setattr(chunked, "logits_before_counts", real)
-    bad = problem["target"].clone()
-    bad[1, 3] = problem["weight"].shape[0]
-    hidden = problem["hidden"].clone().requires_grad_()
-    with pytest.raises(ValueError, match="outside"):
-        orpo_lib.fused_linear_orpo_loss(hidden, problem["weight"], bad)
-    assert hidden.grad is None
-
-
-@hopper_only
 def test_compiled_eval_with_statistics_in_gemm(monkeypatch):
     """A call without gradients inside torch.compile takes the statistics GEMM as eager does: the same loss."""
     from orpo_lib import schedule

@@ -41,27 +41,3 @@ def test_shape_rules(M, N, K, out_dtype, match):
     with pytest.raises(ValueError, match=match):
         gluon_gemm.check_supported(M, N, K, torch.bfloat16, out_dtype)
     gluon_gemm.check_supported(1000, 776, 1000, torch.bfloat16, out_dtype)  # awkward but supported
-
-
-def test_rows_on_device_variant_compiles():
-    """The variant that reads how many rows to compute from the device: one load, before the partitions."""
-    ttgir = compile_in_fresh_process("gluon_gemm", "compile_for_target(torch.bfloat16, rows_on_device=True)")["ttgir"]
-    assert ttgir.count("tt.load") == 1 and ttgir.index("tt.load") < ttgir.index("ttg.warp_specialize")
-
-
-@pytest.mark.parametrize("capability,dtype,bias,hidden,vocab,single_block,expected", [
-    ((9, 0), torch.bfloat16, False, 4096, 128256, True, True),
-    ((9, 0), torch.float16, False, 1024, 32000, True, True),
-    ((9, 0), torch.bfloat16, False, 4096, 128256, False, False),  # several blocks: their rows need the counts
-    ((9, 0), torch.bfloat16, True, 4096, 128256, True, False),  # the Gluon GEMM adds no bias
-    ((9, 0), torch.float32, False, 4096, 128256, True, False),
-    ((9, 0), torch.bfloat16, False, 4100, 128256, True, False),  # rows TMA cannot address
-    ((9, 0), torch.bfloat16, False, 4096, 100277, True, False),
-    ((8, 0), torch.bfloat16, False, 4096, 128256, True, False),  # no wgmma before Hopper
-    (None, torch.bfloat16, False, 4096, 128256, True, False),
-])
-def test_logits_before_counts_for_a_single_block_on_hopper(capability, dtype, bias, hidden, vocab, single_block,
-                                                           expected):
-    from orpo_lib import schedule
-
-    assert schedule.logits_before_counts(capability, dtype, bias, hidden, vocab, single_block) is expected

@@ -150,18 +150,6 @@ def test_every_token_kept_in_token_or_pair_order(batch, chunk_size, token_order)
     assert rel_err(eval_out.loss, ref["loss"].detach()) < TOLERANCE[torch.float32]
 
 
-def test_a_single_block_holds_the_kept_tokens_in_token_order():
-    """A single block's rows are the kept tokens in token order: the order its logits GEMM computes them in
-    when it is queued before the counts come back (on Hopper), the kept ones first by a stable sort."""
-    problem = make_problem(4, 7, 48, 517, ignored_fraction=0.4, seed=3)
-    counts = count_tokens(problem["target"], None, 517, -100, True)
-    opts = chunked.Options(0.1, True, None, True, True, True, False, single_block=True)
-    plan = chunked.make_plan(problem["hidden"], 517, counts, opts)
-    kept = counts.kept_mask.view(-1)
-    assert plan.dropped and torch.equal(plan.row_tokens, kept.nonzero().squeeze(1))
-    assert torch.equal(chunked.kept_first(kept)[:len(plan.row_tokens)], plan.row_tokens)
-
-
 @pytest.mark.parametrize("ignored_fraction", [0.0, 0.25])
 def test_first_gemm_is_queued_before_the_rest_of_the_setup(monkeypatch, ignored_fraction):
     """Until the first logits GEMM the GPU has no work: the per-token outputs are allocated after it."""
