@@ -1,8 +1,9 @@
 """Fused linear + ORPO loss: the loss and its gradients in chunks, never materialising (B*T, V) logits.
 
-The chunked computation (``chunked.py``) sits behind two ``torch.library`` custom ops, so that
-``torch.compile`` sees each as one opaque call with a fake (shape-only) implementation and never
-traces the Triton launches or the in-place rewrites of the logits buffer:
+The chunked computation (``chunked.py``) is two functions, each also registered as a ``torch.library``
+custom op, so that ``torch.compile`` sees each as one opaque call with a fake (shape-only)
+implementation and never traces the Triton launches or the in-place rewrites of the logits buffer.
+An ``autograd.Function`` joins them; it calls the ops when traced and the functions themselves otherwise:
 
 * ``orpo_lib::fused_linear_orpo_forward`` — label check, chunk loop, loss terms; it also returns what
   backward needs (the unscaled gradient sums, or the gradient of the logits of a single block).
@@ -31,13 +32,12 @@ def _empty(like):
     return like.new_empty(0)
 
 
-@torch.library.custom_op(f"{_OPS}::fused_linear_orpo_forward", mutates_args=())
-def _forward_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
-                nll_target: Optional[torch.Tensor], beta: float, ignore_index: int, compute_nll_loss: bool,
-                chunk_size: Optional[int], fp32_weight_grad: bool, grad_hidden: bool, grad_weight: bool,
-                grad_bias: bool, single_block: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                               torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                               torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
+             nll_target: Optional[torch.Tensor], beta: float, ignore_index: int, compute_nll_loss: bool,
+             chunk_size: Optional[int], fp32_weight_grad: bool, grad_hidden: bool, grad_weight: bool,
+             grad_bias: bool, single_block: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                            torch.Tensor, torch.Tensor, torch.Tensor]:
     """loss, nll_loss, or_loss, seq_logp, log_odds, logits_means; dx, dw, db sums; logit_grads, row_tokens."""
     counts = count_tokens(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss)
     opts = chunked.Options(beta, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
@@ -48,6 +48,9 @@ def _forward_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     saved = [_empty(hidden) if t is None else t for t in (sums.dx, sums.dw, sums.db, out.logit_grads)]
     row_tokens = target.new_empty(0, dtype=torch.int64) if out.row_tokens is None else out.row_tokens
     return (out.loss, out.nll_loss, out.or_loss, out.seq_logp, out.log_odds, out.logits_means, *saved, row_tokens)
+
+
+_forward_op = torch.library.custom_op(f"{_OPS}::fused_linear_orpo_forward", _forward, mutates_args=())
 
 
 @_forward_op.register_fake
@@ -75,11 +78,10 @@ def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, 
     return (*terms, dx, dw, db, logit_grads, row_tokens)
 
 
-@torch.library.custom_op(f"{_OPS}::fused_linear_orpo_backward", mutates_args=())
-def _backward_op(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, dx_sum: torch.Tensor,
-                 dw_sum: torch.Tensor, db_sum: torch.Tensor, logit_grads: torch.Tensor, row_tokens: torch.Tensor,
-                 grad_hidden: bool, grad_weight: bool, grad_bias: bool,
-                 single_block: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, dx_sum: torch.Tensor,
+              dw_sum: torch.Tensor, db_sum: torch.Tensor, logit_grads: torch.Tensor, row_tokens: torch.Tensor,
+              grad_hidden: bool, grad_weight: bool, grad_bias: bool,
+              single_block: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx, dw, db (empty where not needed), each a new tensor: the saved ones are only read."""
     grad_loss = grad_loss.to(chunked.stats_dtype(hidden.dtype))
     with on_device(hidden.device), torch.autocast(hidden.device.type, enabled=False):
@@ -95,6 +97,9 @@ def _backward_op(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Te
     return tuple(_empty(hidden) if g is None else g for g in grads)
 
 
+_backward_op = torch.library.custom_op(f"{_OPS}::fused_linear_orpo_backward", _backward, mutates_args=())
+
+
 @_backward_op.register_fake
 def _backward_fake(grad_loss, hidden, weight, dx_sum, dw_sum, db_sum, logit_grads, row_tokens, grad_hidden,
                    grad_weight, grad_bias, single_block):
@@ -103,25 +108,41 @@ def _backward_fake(grad_loss, hidden, weight, dx_sum, dw_sum, db_sum, logit_grad
             weight.new_empty(weight.shape[0]) if grad_bias else _empty(hidden))
 
 
-def _setup_context(ctx, inputs, output):
-    hidden, weight = inputs[0], inputs[1]
-    ctx.grad_flags = inputs[10:14]  # grad_hidden, grad_weight, grad_bias, single_block
-    ctx.save_for_backward(hidden, weight, *output[6:])
-    # Only the loss has a gradient: the others stay None rather than zeros the size of dW or of the logits.
-    ctx.set_materialize_grads(False)
+def _traced(*tensors) -> bool:
+    """Whether a tracer (torch.compile, export, fake tensors) sees this call: then it must meet the custom ops."""
+    return torch.compiler.is_compiling() or any(
+        t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors)
 
 
-def _autograd_backward(ctx, grad_loss, *_metrics_and_saved):
-    if grad_loss is None:  # the loss was not used (gradients are not materialised as zeros)
-        return (None,) * 14
-    hidden, weight, *saved = ctx.saved_tensors
-    grad_hidden, grad_weight, grad_bias, single_block = ctx.grad_flags
-    dx, dw, db = _backward_op(grad_loss, hidden, weight, *saved, grad_hidden, grad_weight, grad_bias, single_block)
-    return (dx if grad_hidden else None, dw if grad_weight else None, db if grad_bias else None,
-            *[None] * 11)
+class _FusedLinearORPO(torch.autograd.Function):
+    """The autograd boundary over the two ops. Traced, forward and backward call the custom ops, which the
+    compiler sees as opaque calls; in eager mode they call the same functions directly, because the
+    dispatcher's handling of the ops' 14 arguments and 11 outputs costs tens of µs a call on the host,
+    which the GPU waits for at small shapes."""
 
+    @staticmethod
+    def forward(ctx, *args):
+        hidden, weight, bias, target, nll_target = args[:5]
+        forward = _forward_op if _traced(hidden, weight, bias, target, nll_target) else _forward
+        out = forward(*args)
+        ctx.grad_flags = args[10:14]  # grad_hidden, grad_weight, grad_bias, single_block
+        ctx.save_for_backward(hidden, weight, *out[6:])
+        # Only the loss has a gradient. The saved state is returned too, because a compiled graph must
+        # return the unbacked sizes of a single block's gradient.
+        ctx.mark_non_differentiable(*out[1:])
+        ctx.set_materialize_grads(False)
+        return out
 
-_forward_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+    @staticmethod
+    def backward(ctx, grad_loss, *_metrics_and_saved):
+        if grad_loss is None:  # the loss was not used (gradients are not materialised as zeros)
+            return (None,) * 14
+        hidden, weight, *saved = ctx.saved_tensors
+        grad_hidden, grad_weight, grad_bias, single_block = ctx.grad_flags
+        backward = _backward_op if _traced(grad_loss, hidden, weight) else _backward
+        dx, dw, db = backward(grad_loss, hidden, weight, *saved, grad_hidden, grad_weight, grad_bias, single_block)
+        return (dx if grad_hidden else None, dw if grad_weight else None, db if grad_bias else None,
+                *[None] * 11)
 
 
 def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignore_index=-100, nll_target=None,
@@ -150,7 +171,7 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignor
     single_block = (grad_hidden or grad_weight or grad_bias) and schedule.single_block(
         batch, seq, size, weight.shape[0], hidden.element_size(), chunk_size=chunk_size,
         fp32_weight_grad=fp32_weight_grad, grad_weight=grad_weight)
-    loss, nll_loss, or_loss, seq_logp, log_odds, logits_means, *_saved = _forward_op(
+    loss, nll_loss, or_loss, seq_logp, log_odds, logits_means, *_saved = _FusedLinearORPO.apply(
         hidden, weight, bias, target, nll_target, float(beta), int(ignore_index), compute_nll_loss,
         None if chunk_size is None else int(chunk_size), fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
         single_block)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch._dynamo.testing
 
 import orpo_lib
 from conftest import make_problem
@@ -48,3 +49,49 @@ def test_compiled_bad_labels_still_raise():
     compiled = torch.compile(loss_and_metrics, fullgraph=True)
     with pytest.raises(ValueError, match="target holds 1 token id"):
         compiled(problem["hidden"], problem["weight"], problem["target"], None, None, None)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 5])
+def test_compiled_graphs_call_the_custom_ops(chunk_size):
+    """The compiled forward and backward graphs each hold their custom op, and nothing of the Triton launches."""
+    torch._dynamo.reset()
+    backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
+    compiled = torch.compile(loss_and_metrics, backend=backend, fullgraph=True)
+    run(compiled, make_problem(4, 7, 48, 517, with_bias=True, seed=3), chunk_size)
+    ops = torch.ops.orpo_lib
+    (forward,), (backward,) = backend.fw_graphs, backend.bw_graphs
+    forward_targets = {node.target for node in forward.graph.nodes if node.op == "call_function"}
+    backward_targets = {node.target for node in backward.graph.nodes if node.op == "call_function"}
+    assert ops.fused_linear_orpo_forward.default in forward_targets
+    assert ops.fused_linear_orpo_backward.default in backward_targets
+    assert torch.ops.aten.mm.default not in forward_targets | backward_targets  # no GEMM of the chunk loop traced
+
+
+@pytest.mark.parametrize("chunk_size", [None, 5])
+def test_fake_tensors_meet_the_fake_implementation(chunk_size):
+    """Under FakeTensorMode (shape inference, meta-device tools) the loss runs its fake implementation. A single
+    block's saved gradient has as many rows as the labels keep, a size only a shape environment can stand for."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    problem = make_problem(4, 7, 48, 517)
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        hidden, weight, target = (mode.from_tensor(problem[k]) for k in ("hidden", "weight", "target"))
+        out = orpo_lib.fused_linear_orpo_loss(hidden.requires_grad_(), weight.requires_grad_(), target,
+                                              chunk_size=chunk_size)
+        out.loss.backward()
+        assert out.loss.shape == () and out.chosen_logps.shape == (2,)
+        assert hidden.grad.shape == hidden.shape and weight.grad.shape == weight.shape
+
+
+def test_the_ops_pass_opcheck():
+    """Schema, fake implementation and AOT dispatch of both ops, as torch.library checks them."""
+    problem = make_problem(4, 7, 48, 517, with_bias=True)
+    args = (problem["hidden"], problem["weight"], problem["bias"], problem["target"], None, 0.1, -100, True, None,
+            True, True, True, True, False)  # several blocks: the saved state has static shapes
+    ops = torch.ops.orpo_lib
+    checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(ops.fused_linear_orpo_forward, args, test_utils=checks)
+    out = ops.fused_linear_orpo_forward(*args)
+    backward_args = (torch.tensor(0.5), problem["hidden"], problem["weight"], *out[6:], True, True, True, False)
+    torch.library.opcheck(ops.fused_linear_orpo_backward, backward_args, test_utils=checks)
