@@ -8,6 +8,7 @@ gradient of the one-process loss on the whole batch. With unequal NLL token coun
 one-process NLL weights rank r's local NLL by N_r / N, DDP by 1 / world size. Both are checked exactly.
 """
 
+import gc
 import importlib.util
 import os
 import socket
@@ -74,19 +75,26 @@ class TinyLM(torch.nn.Module):
                                       compute_nll_loss=compute_nll_loss).loss
 
 
+def _ddp_grads(rank):
+    model = DistributedDataParallel(TinyLM())
+    grads = {}
+    for case in PADDING:
+        model.zero_grad()
+        model(*local_batch(case, rank)).backward()  # DDP all-reduces and divides by WORLD here
+        grads[case] = [p.grad.clone() for p in model.module.parameters()]
+    return grads
+
+
 def _worker(rank, port, out_dir):
     torch.set_num_threads(1)  # two ranks on two cores
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
     try:
-        model = DistributedDataParallel(TinyLM())
-        grads = {}
-        for case in PADDING:
-            model.zero_grad()
-            model(*local_batch(case, rank)).backward()  # DDP all-reduces and divides by WORLD here
-            grads[case] = [p.grad.clone() for p in model.module.parameters()]
-        torch.save(grads, os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(_ddp_grads(rank), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
+        # The DDP model (built and dropped in _ddp_grads) holds the process group; were it still alive,
+        # gloo's threads would be torn down at interpreter exit, which aborts about one run in ten.
+        gc.collect()
         dist.destroy_process_group()
 
 
