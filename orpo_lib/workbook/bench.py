@@ -415,6 +415,54 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
     return rows
 
 
+def grad_gemm_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
+    """One chunk's gradient work two ways, each part timed alone: the present (``row_grads`` rewrites the
+    logits into G, then cuBLAS's dX and float32-accumulating dW GEMMs) against ``kernels.grad_dx`` and
+    ``grad_dw``, which form G from the logits inside the GEMMs; with the relative difference of their results."""
+    dtype = DTYPES[w.dtype]
+    gen = torch.Generator(device=device).manual_seed(5)
+    x = torch.randn(chunk_rows, w.hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.randn(w.vocab, w.hidden, device=device, dtype=dtype, generator=gen) * w.hidden ** -0.5
+    target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
+    nll_target = torch.where(torch.rand(chunk_rows, device=device, generator=gen) < 0.5, target, -1).to(torch.int32)
+    token = torch.arange(chunk_rows, device=device)
+    logp, nll_logp, logit_sum, lse = (torch.zeros(chunk_rows, device=device) for _ in range(4))
+    seq_coef = -torch.rand(chunk_rows, device=device, generator=gen) * 1e-3
+    logits = x @ weight.t()
+    kernels.row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, lse)
+    coef_args = (target, nll_target, token, logp, nll_logp, lse, seq_coef)
+    coefs = kernels.row_coefficients(*coef_args, nll_tokens=chunk_rows, seq_len=1)
+    grads = logits.clone()
+    kernels.row_grads(grads, *coef_args, nll_tokens=chunk_rows, seq_len=1)
+    work = logits.clone()
+    dx, dx_fused = (torch.empty_like(x) for _ in range(2))
+    dw, dw_fused = (torch.zeros(w.vocab, w.hidden, device=device) for _ in range(2))
+    torch.mm(grads, weight, out=dx)
+    accumulate_mm(dw, grads.t(), x)
+    kernels.grad_dx(logits, weight, coefs, target, nll_target, dx_fused)
+    kernels.grad_dw(logits, x, coefs, target, nll_target, dw_fused, accumulate=True)
+    diffs = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in ((dx_fused, dx), (dw_fused, dw))]
+
+    def row_grads():
+        work.copy_(logits)  # every repetition rewrites real logits, not last round's gradient
+        kernels.row_grads(work, *coef_args, nll_tokens=chunk_rows, seq_len=1)
+
+    parts = {
+        "copy (restores the chunk)": lambda: work.copy_(logits),
+        "row grads (read, write) + copy": row_grads,
+        "dX GEMM": lambda: torch.mm(grads, weight, out=dx),
+        "dW GEMM (fp32 accumulate)": lambda: accumulate_mm(dw, grads.t(), x),
+        "row coefficients": lambda: kernels.row_coefficients(*coef_args, nll_tokens=chunk_rows, seq_len=1),
+        "dX GEMM forming G": lambda: kernels.grad_dx(logits, weight, coefs, target, nll_target, dx_fused),
+        "dW GEMM forming G (fp32 accumulate)": lambda: kernels.grad_dw(logits, x, coefs, target, nll_target, dw_fused,
+                                                                       accumulate=True),
+    }
+    rows = [{"part": name, "median_ms": time_call(run, device, warmup, reps)[0], "chunk_rows": chunk_rows,
+             "hidden": w.hidden, "vocab": w.vocab} for name, run in parts.items()]
+    rows[-2]["rel_diff_to_cublas"], rows[-1]["rel_diff_to_cublas"] = diffs
+    return rows
+
+
 def row_launches(on_gpu: bool) -> list:
     """Launch configurations to sweep: 4 to 64 vocabulary entries per thread and step."""
     if not on_gpu:
@@ -562,7 +610,7 @@ def parse_args(argv):
     parser.add_argument("--masks", default="none", help="none,prompt-half,trl")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--sweeps", default="", help="chunk,stages,row_kernel,profile,accuracy")
+    parser.add_argument("--sweeps", default="", help="chunk,stages,grad_gemms,row_kernel,profile,accuracy")
     parser.add_argument("--sweep-shape", default=None, help="BxT of the sweeps (default 8x4096 on CUDA, 4x32 on CPU)")
     parser.add_argument("--out", default=None, help="JSON record (default figures/data/bench-<date>-<device>.json)")
     parser.add_argument("--commit", default=None)
@@ -601,6 +649,8 @@ def run_sweeps(sweeps, w: Workload, device, *, warmup, reps) -> dict:
         out["chunk"] = chunk_sweep(w, device, chunks, warmup=warmup, reps=reps)
     if "stages" in sweeps:
         out["stages"] = stage_times(w, device, chunk_rows, warmup=warmup, reps=reps)
+    if "grad_gemms" in sweeps:
+        out["grad_gemms"] = grad_gemm_times(w, device, chunk_rows, warmup=warmup, reps=reps)
     if "row_kernel" in sweeps:
         out["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, row_launches(on_gpu), warmup=warmup, reps=reps)
     if "profile" in sweeps and on_gpu:
