@@ -17,7 +17,8 @@
   logits in registers, and ``row_coefficients_kernel``, what they need of each row (not yet used by the
   loss: the benchmark's ``grad_gemms`` sweep measures them against ``row_grads`` and cuBLAS).
 
-``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk.
+``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk,
+``offline_compile`` how the CPU tests compile a kernel for sm_90a without a GPU.
 Two Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_gemm``, a
 warp-specialised C = A·Bᵀ, and ``gluon_row_stats``, the logits GEMM with the row statistics in its
 epilogue, which calls without gradients use on Hopper (``schedule.statistics_in_gemm``).

@@ -38,6 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .offline_compile import compile_kernel
+
 _TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
@@ -321,6 +323,8 @@ def compile_for_target(out_dtype=torch.float32, *, target=None, in_dtype=torch.b
     ``target`` defaults to ``GPUTarget("cuda", 90, 32)`` (sm_90a). Returns triton's CompiledKernel, whose
     ``asm`` holds the ttgir, llir, ptx and cubin.
     """
+    from triton.experimental.gluon._runtime import GluonASTSource
+
     _check_config(block_m, block_n, block_k, stages)
     M, N, K = 1000, 776, 1000  # the shapes are runtime arguments (not specialised): any supported ones do
     a = torch.empty((M, K), dtype=in_dtype)
@@ -329,22 +333,4 @@ def compile_for_target(out_dtype=torch.float32, *, target=None, in_dtype=torch.b
     descs = _descriptors(a, b, out, block_m, block_n, block_k)
     _, args, opts = _launch_plan(descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
                                  programs=132, maxnreg=maxnreg, load_regs=load_regs, mma_regs=mma_regs)
-    return compile_kernel(gemm_ws_worker_kernel, args, opts, target)
-
-
-def compile_kernel(kernel, args, opts, target=None):
-    """Compile a Gluon kernel for ``args`` (host CPU tensors standing in for device ones: only their dtype,
-    shape and alignment matter to the compiler) without launching it. The argument binding mirrors what
-    ``kernel[grid](...)`` does (and what triton's own ``triton._filecheck.run_parser`` does)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
-    target = target or GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound_args, specialization, options = binder(*args, **opts)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, opts, bound_args, specialization, options)
-    src = GluonASTSource(kernel, signature, constexprs, attrs)
-    return triton.compile(src, target=target, options=options.__dict__)
+    return compile_kernel(gemm_ws_worker_kernel, args, opts, target, source=GluonASTSource)

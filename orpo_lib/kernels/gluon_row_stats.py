@@ -28,6 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import gluon_gemm
 from .gluon_gemm import _alloc_barriers, _alloc_ring, _load_partition, _mma_to_smem_partition, _tile_coords
+from .offline_compile import compile_kernel
 from .row_stats import fold_row_stats
 
 LOG2E = gl.constexpr(1.4426950408889634)  # exp(x) = exp2(x·log2 e), which is what the hardware has
@@ -244,7 +245,9 @@ def logits_row_stats(x, weight, target, nll_target, token, logp, nll_logp, logit
 
 
 def compile_for_target(*, store_logits=False, in_dtype=torch.bfloat16, target=None):
-    """Compile ``logits_row_stats_kernel`` to a cubin without a GPU (see ``gluon_gemm.compile_kernel``)."""
+    """Compile ``logits_row_stats_kernel`` to a cubin without a GPU (``offline_compile.compile_kernel``)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
     rows, vocab, size = 1000, 776, 1000
     x = torch.empty(rows, size, dtype=in_dtype)
     weight = torch.empty(vocab, size, dtype=in_dtype)
@@ -252,4 +255,4 @@ def compile_for_target(*, store_logits=False, in_dtype=torch.bfloat16, target=No
     ids = torch.empty(rows, dtype=torch.int32)
     floats = torch.empty(rows, dtype=torch.float32)
     _, args, opts = _launch_plan(x, weight, logits, ids, ids, new_partials(rows, vocab, "cpu"), floats, floats, 132)
-    return gluon_gemm.compile_kernel(logits_row_stats_kernel, args, opts, target)
+    return compile_kernel(logits_row_stats_kernel, args, opts, target, source=GluonASTSource)

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from .._triton_mode import INTERPRET
 from .numerics import expm1
+from .offline_compile import compile_kernel
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x·log2 e), which is what the hardware has
 COEFS = ("lse", "neg_s", "target_grad", "nll_grad")  # row_coefficients_kernel's outputs, in row order
@@ -273,12 +274,8 @@ def grad_dw(logits, x, coefs, target, nll_target, dw, *, x_rows=None, db=None, a
 
 def compile_for_target(gemm="dx", *, target=None):
     """Compile ``grad_dx_kernel`` (``gemm="dx"``) or ``grad_dw_kernel`` (float32 sum, bias) for bf16 with the GPU
-    tiles, down to a cubin, without a GPU. Needs TRITON_INTERPRET=0 when the kernels were defined. ``target``
-    defaults to sm_90a. Returns triton's CompiledKernel (``asm`` holds the ttgir, ptx and cubin)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-
+    tiles, without a GPU (``offline_compile.compile_kernel``: needs TRITON_INTERPRET=0 when the kernels were
+    defined)."""
     rows, size, vocab = 1024, 512, 2048  # runtime arguments, specialised only on divisibility by 16, as real shapes are
     logits = torch.empty(rows, vocab, dtype=torch.bfloat16)
     coefs = torch.empty(len(COEFS), rows)
@@ -292,9 +289,4 @@ def compile_for_target(gemm="dx", *, target=None):
         kernel = grad_dw_kernel
         _, args, opts = _dw_launch(logits, torch.empty(rows, size, dtype=torch.bfloat16), coefs, ids, ids,
                                    torch.empty(vocab, size), None, torch.empty(vocab), True, torch.empty(()))
-    target = target or GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound_args, specialization, options = binder(*args, **opts)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, opts, bound_args, specialization, options)
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return compile_kernel(kernel, args, opts, target)
