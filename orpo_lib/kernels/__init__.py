@@ -13,9 +13,6 @@
   coefficient, added up (one pass over V×H).
 * ``scaling`` — ``scale_kernel``: backward's upstream gradient applied to the summed gradients, and a
   one-pass pair's dX rows scaled by their sequence's coefficient.
-* ``grad_gemms`` — ``grad_dx_kernel`` and ``grad_dw_kernel``: the gradient GEMMs with G formed from the
-  logits in registers, and ``row_coefficients_kernel``, what they need of each row (not yet used by the
-  loss: the benchmark's ``grad_gemms`` sweep measures them against ``row_grads`` and cuBLAS).
 
 ``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk,
 ``offline_compile`` how the CPU tests compile a kernel for sm_90a without a GPU.
@@ -25,7 +22,6 @@ epilogue, which calls without gradients use on Hopper (``schedule.statistics_in_
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 
-from .grad_gemms import grad_dw, grad_dx, row_coefficients
 from .labels import LABEL_STATS, label_stats
 from .pair_sums import pair_sum
 from .pair_terms import pair_terms
@@ -34,5 +30,5 @@ from .row_layout import RowLaunch
 from .row_stats import STATS_LAUNCH, row_stats
 from .scaling import scale
 
-__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "grad_dw", "grad_dx", "label_stats", "pair_sum",
-           "pair_terms", "row_coefficients", "row_grads", "row_logp_grads", "row_stats", "scale"]
+__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "label_stats", "pair_sum", "pair_terms", "row_grads",
+           "row_logp_grads", "row_stats", "scale"]

@@ -395,7 +395,7 @@ class Chunk:
 
     @property
     def grad_args(self) -> tuple:
-        """row_grads' and row_coefficients' arguments after the logits (with nll_tokens = C, seq_len = 1)."""
+        """row_grads' arguments after the logits (with nll_tokens = C, seq_len = 1)."""
         return self.target, self.nll_target, self.token, self.logp, self.nll_logp, self.lse, self.seq_coef
 
 
@@ -443,45 +443,6 @@ def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
         median, low, high, n = time_call(run, device, warmup, reps)
         rows.append({"stage": name, "median_ms": median, "min_ms": low, "max_ms": high,
                      "chunk_rows": chunk_rows, "logit_bytes": logit_bytes})
-    return rows
-
-
-def grad_gemm_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
-    """One chunk's gradient work two ways, each part timed alone: the present (``row_grads`` rewrites the
-    logits into G, then cuBLAS's dX and float32-accumulating dW GEMMs) against ``kernels.grad_dx`` and
-    ``grad_dw``, which form G from the logits inside the GEMMs; with the relative difference of their results."""
-    c = make_chunk(w, device, chunk_rows, seed=5)
-    x, weight, logits, target, nll_target = c.x, c.weight, c.logits, c.target, c.nll_target
-    coef_args = c.grad_args
-    coefs = kernels.row_coefficients(*coef_args, nll_tokens=chunk_rows, seq_len=1)
-    grads = logits.clone()
-    kernels.row_grads(grads, *coef_args, nll_tokens=chunk_rows, seq_len=1)
-    work = logits.clone()
-    dx, dx_fused = (torch.empty_like(x) for _ in range(2))
-    dw, dw_fused = (torch.zeros(w.vocab, w.hidden, device=device) for _ in range(2))
-    torch.mm(grads, weight, out=dx)
-    accumulate_mm(dw, grads.t(), x)
-    kernels.grad_dx(logits, weight, coefs, target, nll_target, dx_fused)
-    kernels.grad_dw(logits, x, coefs, target, nll_target, dw_fused, accumulate=True)
-    diffs = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in ((dx_fused, dx), (dw_fused, dw))]
-
-    def row_grads():
-        work.copy_(logits)  # every repetition rewrites real logits, not last round's gradient
-        kernels.row_grads(work, *coef_args, nll_tokens=chunk_rows, seq_len=1)
-
-    parts = {
-        "copy (restores the chunk)": lambda: work.copy_(logits),
-        "row grads (read, write) + copy": row_grads,
-        "dX GEMM": lambda: torch.mm(grads, weight, out=dx),
-        "dW GEMM (fp32 accumulate)": lambda: accumulate_mm(dw, grads.t(), x),
-        "row coefficients": lambda: kernels.row_coefficients(*coef_args, nll_tokens=chunk_rows, seq_len=1),
-        "dX GEMM forming G": lambda: kernels.grad_dx(logits, weight, coefs, target, nll_target, dx_fused),
-        "dW GEMM forming G (fp32 accumulate)": lambda: kernels.grad_dw(logits, x, coefs, target, nll_target, dw_fused,
-                                                                       accumulate=True),
-    }
-    rows = [{"part": name, "median_ms": time_call(run, device, warmup, reps)[0], "chunk_rows": chunk_rows,
-             "hidden": w.hidden, "vocab": w.vocab} for name, run in parts.items()]
-    rows[-2]["rel_diff_to_cublas"], rows[-1]["rel_diff_to_cublas"] = diffs
     return rows
 
 
@@ -618,6 +579,17 @@ def format_table(results, floor_by_shape) -> str:
     return "\n".join(lines)
 
 
+SWEEPS = ("chunk", "stages", "row_kernel", "profile", "accuracy")
+
+
+def _sweep_list(text) -> list:
+    names = [s for s in text.split(",") if s]
+    unknown = sorted(set(names) - set(SWEEPS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown sweep(s) {unknown}: expected some of {','.join(SWEEPS)}")
+    return names
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--providers", default="floor,baseline,fused,fused_lean,liger")
@@ -632,7 +604,7 @@ def parse_args(argv):
     parser.add_argument("--masks", default="none", help="none,prompt-half,trl")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--sweeps", default="", help="chunk,stages,grad_gemms,row_kernel,profile,accuracy")
+    parser.add_argument("--sweeps", default="", type=_sweep_list, help=",".join(SWEEPS))
     parser.add_argument("--sweep-shape", default=None, help="BxT of the sweeps (default 8x4096 on CUDA, 4x32 on CPU)")
     parser.add_argument("--out", default=None, help="JSON record (default figures/data/bench-<date>-<device>.json)")
     parser.add_argument("--commit", default=None)
@@ -671,8 +643,6 @@ def run_sweeps(sweeps, w: Workload, device, *, warmup, reps) -> dict:
         out["chunk"] = chunk_sweep(w, device, chunks, warmup=warmup, reps=reps)
     if "stages" in sweeps:
         out["stages"] = stage_times(w, device, chunk_rows, warmup=warmup, reps=reps)
-    if "grad_gemms" in sweeps:
-        out["grad_gemms"] = grad_gemm_times(w, device, chunk_rows, warmup=warmup, reps=reps)
     if "row_kernel" in sweeps:
         out["row_kernel"] = row_kernel_sweep(w, device, chunk_rows, row_launches(on_gpu), warmup=warmup, reps=reps)
     if "profile" in sweeps and on_gpu:
@@ -726,7 +696,7 @@ def main(argv=None):
     record["results"] = run_workloads(workloads, providers, [m for m in args.modes.split(",") if m], device,
                                       warmup=warmup, reps=reps)
     b, t = parse_shapes(args.sweep_shape or ("8x4096" if on_gpu else "4x32"))[0]
-    record["sweeps"] = run_sweeps([s for s in args.sweeps.split(",") if s], Workload(b, t, hidden, vocab, dtype),
+    record["sweeps"] = run_sweeps(args.sweeps, Workload(b, t, hidden, vocab, dtype),
                                   device, warmup=warmup, reps=reps)
     out = Path(args.out) if args.out else Path("figures/data") / (
         f"bench-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
