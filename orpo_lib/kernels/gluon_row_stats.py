@@ -190,7 +190,8 @@ def check_supported(x, weight, logits=None) -> None:
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"logits_row_stats: need x (M, H) and weight (V, H), got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
-    gluon_gemm.check_supported(x.shape[0], weight.shape[0], x.shape[1], x.dtype, x.dtype)
+    # Only a stored logits buffer has rows of V elements, which TMA needs 16-byte aligned; the partials do not.
+    gluon_gemm.check_supported(x.shape[0], weight.shape[0] if logits is not None else 8, x.shape[1], x.dtype, x.dtype)
     gluon_gemm._check_operand("x", x)
     gluon_gemm._check_operand("weight", weight)
     if logits is not None:

@@ -207,7 +207,7 @@ def test_eval_statistics_in_gemm(monkeypatch, labels, chunk_size):
     from orpo_lib import chunked, schedule
 
     monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)  # (its threshold is about speed, not correctness)
-    problem = make_problem(4, 700, 512, 65536 + 8, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=5,
+    problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=5,
                            ignored_fraction=0.25)
     if labels == "trl":
         problem = with_trl_labels(problem, [200, 350, 100, 500], [0, 50, 20, 0], seed=5)
@@ -255,7 +255,7 @@ def test_compiled_eval_with_statistics_in_gemm(monkeypatch):
 
     torch._dynamo.reset()
     monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)
-    problem = make_problem(4, 700, 512, 65536 + 8, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=9)
+    problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=9)
 
     def step(hidden, weight, target):
         with torch.no_grad():
