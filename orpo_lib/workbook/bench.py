@@ -372,62 +372,31 @@ def chunk_sweep(w: Workload, device, chunks, *, warmup, reps) -> list:
     return rows
 
 
-@dataclass
-class Chunk:
-    """One chunk's operands for timing its stages alone: random (never zeros), with real row statistics."""
-
-    x: torch.Tensor  # (C, H)
-    weight: torch.Tensor  # (V, H)
-    logits: torch.Tensor  # (C, V) X·Wᵀ
-    target: torch.Tensor  # (C,) int32
-    nll_target: torch.Tensor  # (C,) int32
-    token: torch.Tensor  # (C,) each row its own token, and (seq_len 1) its own sequence
-    logp: torch.Tensor
-    nll_logp: torch.Tensor
-    logit_sum: torch.Tensor
-    lse: torch.Tensor
-    seq_coef: torch.Tensor  # (C,)
-
-    @property
-    def stats_args(self) -> tuple:
-        """row_stats' arguments after the logits."""
-        return self.target, self.nll_target, self.token, self.logp, self.nll_logp, self.logit_sum, self.lse
-
-    @property
-    def grad_args(self) -> tuple:
-        """row_grads' arguments after the logits (with nll_tokens = C, seq_len = 1)."""
-        return self.target, self.nll_target, self.token, self.logp, self.nll_logp, self.lse, self.seq_coef
-
-
-def make_chunk(w: Workload, device, chunk_rows: int, seed: int) -> Chunk:
-    dtype = DTYPES[w.dtype]
-    gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(chunk_rows, w.hidden, device=device, dtype=dtype, generator=gen)
-    weight = torch.randn(w.vocab, w.hidden, device=device, dtype=dtype, generator=gen) * w.hidden ** -0.5
-    target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
-    nll_target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
-    stats = (torch.zeros(chunk_rows, device=device) for _ in range(4))
-    seq_coef = -torch.rand(chunk_rows, device=device, generator=gen)
-    chunk = Chunk(x, weight, x @ weight.t(), target, nll_target, torch.arange(chunk_rows, device=device), *stats,
-                  seq_coef)
-    kernels.row_stats(chunk.logits, *chunk.stats_args)
-    return chunk
-
-
 def stage_times(w: Workload, device, chunk_rows, *, warmup, reps) -> list:
     """Each stage of one chunk timed alone: the GEMMs and the two row kernels."""
-    c = make_chunk(w, device, chunk_rows, seed=2)
-    x, weight, logits = c.x, c.weight, c.logits
+    dtype = DTYPES[w.dtype]
+    gen = torch.Generator(device=device).manual_seed(2)
+    x = torch.randn(chunk_rows, w.hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.randn(w.vocab, w.hidden, device=device, dtype=dtype, generator=gen) * w.hidden ** -0.5
+    logits = torch.empty(chunk_rows, w.vocab, device=device, dtype=dtype)
+    target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
+    nll_target = torch.randint(0, w.vocab, (chunk_rows,), device=device, dtype=torch.int32, generator=gen)
+    token = torch.arange(chunk_rows, device=device)
+    logp, nll_logp, logit_sum, lse = (torch.zeros(chunk_rows, device=device) for _ in range(4))
+    seq_coef = -torch.rand(chunk_rows, device=device, generator=gen)
     acc = torch.zeros(w.vocab, w.hidden, device=device)
+    torch.mm(x, weight.t(), out=logits)
     snapshot = logits.clone()
 
     def row_stats():
-        kernels.row_stats(logits, *c.stats_args)
+        kernels.row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, lse)
 
     def row_grads():
         logits.copy_(snapshot)  # every repetition rewrites real logits, not last round's gradient
-        kernels.row_grads(logits, *c.grad_args, nll_tokens=chunk_rows, seq_len=1)
+        kernels.row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef,
+                          nll_tokens=chunk_rows, seq_len=1)
 
+    row_stats()  # real statistics for the gradient pass
     stages = {
         "logits GEMM": lambda: torch.mm(x, weight.t(), out=logits),
         "row stats (read)": row_stats,
