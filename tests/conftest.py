@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,17 +18,15 @@ ON_HOPPER = [
 ]
 
 
-def compile_in_fresh_process(module: str, call: str, *, interpret: bool | None = None) -> dict:
+def compile_in_fresh_process(module: str, call: str) -> dict:
     """``orpo_lib.kernels.<module>.<call>`` (a compile_for_target call) in a process of its own: its ttgir,
     PTX, warps and shared memory. Once the Triton interpreter has run kernels in a process (as the CPU tests
-    do), compiling Gluon there can fail inside triton's own helpers. Plain Triton kernels compile only where
-    they were defined with the interpreter off (``interpret=False``; None: as this process's environment)."""
+    do), compiling Gluon there can fail inside triton's own helpers."""
     code = (f"import json, torch; from orpo_lib.kernels import {module} as m; k = m.{call}; "
             "print(json.dumps({'ttgir': k.asm['ttgir'], 'ptx': k.asm['ptx'], 'num_warps': k.metadata.num_warps, "
             "'shared': k.metadata.shared}))")
-    env = dict(os.environ) if interpret is None else {**os.environ, "TRITON_INTERPRET": str(int(interpret))}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1], env=env)
+                          cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 

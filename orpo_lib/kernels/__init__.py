@@ -15,7 +15,7 @@
   one-pass pair's dX rows scaled by their sequence's coefficient.
 
 ``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk,
-``offline_compile`` how the CPU tests compile a kernel for sm_90a without a GPU.
+``offline_compile`` how the CPU tests compile a Gluon kernel for sm_90a without a GPU.
 Three Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_gemm``, a
 warp-specialised C = A·Bᵀ; ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue,
 which calls without gradients use on Hopper (``schedule.statistics_in_gemm``); and ``gluon_softmax_mm``,

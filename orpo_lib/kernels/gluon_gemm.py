@@ -323,8 +323,6 @@ def compile_for_target(out_dtype=torch.float32, *, target=None, in_dtype=torch.b
     ``target`` defaults to ``GPUTarget("cuda", 90, 32)`` (sm_90a). Returns triton's CompiledKernel, whose
     ``asm`` holds the ttgir, llir, ptx and cubin.
     """
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     _check_config(block_m, block_n, block_k, stages)
     M, N, K = 1000, 776, 1000  # the shapes are runtime arguments (not specialised): any supported ones do
     a = torch.empty((M, K), dtype=in_dtype)
@@ -333,4 +331,4 @@ def compile_for_target(out_dtype=torch.float32, *, target=None, in_dtype=torch.b
     descs = _descriptors(a, b, out, block_m, block_n, block_k)
     _, args, opts = _launch_plan(descs, M, N, K, block_m=block_m, block_n=block_n, stages=stages, group_m=group_m,
                                  programs=132, maxnreg=maxnreg, load_regs=load_regs, mma_regs=mma_regs)
-    return compile_kernel(gemm_ws_worker_kernel, args, opts, target, source=GluonASTSource)
+    return compile_kernel(gemm_ws_worker_kernel, args, opts, target)

@@ -247,8 +247,6 @@ def logits_row_stats(x, weight, target, nll_target, token, logp, nll_logp, logit
 
 def compile_for_target(*, store_logits=False, in_dtype=torch.bfloat16, target=None):
     """Compile ``logits_row_stats_kernel`` to a cubin without a GPU (``offline_compile.compile_kernel``)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     rows, vocab, size = 1000, 776, 1000
     x = torch.empty(rows, size, dtype=in_dtype)
     weight = torch.empty(vocab, size, dtype=in_dtype)
@@ -256,4 +254,4 @@ def compile_for_target(*, store_logits=False, in_dtype=torch.bfloat16, target=No
     ids = torch.empty(rows, dtype=torch.int32)
     floats = torch.empty(rows, dtype=torch.float32)
     _, args, opts = _launch_plan(x, weight, logits, ids, ids, new_partials(rows, vocab, "cpu"), floats, floats, 132)
-    return compile_kernel(logits_row_stats_kernel, args, opts, target, source=GluonASTSource)
+    return compile_kernel(logits_row_stats_kernel, args, opts, target)

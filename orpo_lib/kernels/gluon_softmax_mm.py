@@ -217,11 +217,9 @@ def scaled_softmax_mm(logits, weight_t, lse, row_scale, out, *, num_programs=Non
 
 def compile_for_target(*, out_dtype=torch.bfloat16, target=None):
     """Compile ``softmax_mm_kernel`` to a cubin without a GPU (``offline_compile.compile_kernel``)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     rows, vocab, size = 1000, 2056, 520  # runtime arguments: any supported shape gives the same kernel
     logits = torch.empty(rows, vocab, dtype=torch.bfloat16)
     weight_t = torch.empty(size, vocab, dtype=torch.bfloat16)
     floats = torch.empty(rows)
     _, args, opts = _launch_plan(logits, weight_t, floats, floats, torch.empty(rows, size, dtype=out_dtype), 132)
-    return compile_kernel(softmax_mm_kernel, args, opts, target, source=GluonASTSource)
+    return compile_kernel(softmax_mm_kernel, args, opts, target)
