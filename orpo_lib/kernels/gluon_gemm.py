@@ -246,6 +246,17 @@ def check_supported(M, N, K, in_dtype, out_dtype):
                          "(TMA needs 16-byte row strides)")
 
 
+def check_operand_pair(kernel, a_name, a, a_dims, b_name, b, b_dims):
+    """Raise ValueError unless a kernel's two input operands are 2-D, both bf16 or both fp16, and share their
+    last dimension (``a_dims``, ``b_dims``: how the message names their shapes, e.g. "(M, K)")."""
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        raise ValueError(f"{kernel}: {a_name} and {b_name} must both be bfloat16 or float16, got {a.dtype} and "
+                         f"{b.dtype}")
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"{kernel}: need {a_name} {a_dims} and {b_name} {b_dims}, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+
+
 def _check_operand(name, t):
     if not t.is_cuda or t.dim() != 2 or t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
         raise ValueError(f"gluon_gemm: {name} must be a 2-D CUDA tensor with unit column stride, 16-byte aligned "
@@ -293,10 +304,7 @@ def gluon_matmul_abt(a, b, out_dtype=torch.float32, *, block_m=128, block_n=128,
     the register budgets requested for the TMA producer and the MMA warpgroup.
     """
     _check_config(block_m, block_n, block_k, stages)
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"gluon_gemm: need a (M, K) and b (N, K), got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype != b.dtype:
-        raise ValueError(f"gluon_gemm: a is {a.dtype} but b is {b.dtype}")
+    check_operand_pair("gluon_gemm", "a", a, "(M, K)", "b", b, "(N, K)")
     M, K = a.shape
     N = b.shape[0]
     check_supported(M, N, K, a.dtype, out_dtype)  # the shape rules first: they explain the alignment ones

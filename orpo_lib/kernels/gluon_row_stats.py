@@ -184,12 +184,7 @@ BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, SLICE_N = 128, 128, 64, 4, 8, 16
 
 def check_supported(x, weight, logits=None) -> None:
     """Raise ValueError unless this kernel can take these operands (dtype, shapes, TMA alignment)."""
-    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
-        raise ValueError(f"logits_row_stats: x and weight must both be bfloat16 or float16, got {x.dtype} and "
-                         f"{weight.dtype}")
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"logits_row_stats: need x (M, H) and weight (V, H), got {tuple(x.shape)} and "
-                         f"{tuple(weight.shape)}")
+    gluon_gemm.check_operand_pair("logits_row_stats", "x", x, "(M, H)", "weight", weight, "(V, H)")
     # Only a stored logits buffer has rows of V elements, which TMA needs 16-byte aligned; the partials do not.
     gluon_gemm.check_supported(x.shape[0], weight.shape[0] if logits is not None else 8, x.shape[1], x.dtype, x.dtype)
     gluon_gemm._check_operand("x", x)

@@ -168,12 +168,7 @@ BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M = 128, 256, 64, 3, 8  # 3 stages: 3 Â
 
 def check_supported(logits, weight_t, lse, row_scale, out) -> None:
     """Raise ValueError unless the kernel can take these operands (dtypes, shapes, TMA alignment)."""
-    if logits.dtype not in (torch.bfloat16, torch.float16) or weight_t.dtype != logits.dtype:
-        raise ValueError(f"scaled_softmax_mm: logits and weight_t must both be bfloat16 or float16, got "
-                         f"{logits.dtype} and {weight_t.dtype}")
-    if logits.dim() != 2 or weight_t.dim() != 2 or weight_t.shape[1] != logits.shape[1]:
-        raise ValueError(f"scaled_softmax_mm: need logits (C, V) and weight_t (H, V), got {tuple(logits.shape)} "
-                         f"and {tuple(weight_t.shape)}")
+    gluon_gemm.check_operand_pair("scaled_softmax_mm", "logits", logits, "(C, V)", "weight_t", weight_t, "(H, V)")
     rows, size = logits.shape[0], weight_t.shape[0]
     for name, t in (("lse", lse), ("row_scale", row_scale)):
         if t.dtype != torch.float32 or tuple(t.shape) != (rows,) or not t.is_contiguous():
