@@ -16,11 +16,9 @@
 
 ``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk,
 ``offline_compile`` how the CPU tests compile a Gluon kernel for sm_90a without a GPU.
-Three Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_gemm``, a
-warp-specialised C = A·Bᵀ; ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue,
-which calls without gradients use on Hopper (``schedule.statistics_in_gemm``); and ``gluon_softmax_mm``,
-(row_scale · softmax)·W with the softmax formed beside the MMAs, the dX GEMM without a stored gradient
-(not yet measured, not used by the loss).
+Two Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_gemm``, a
+warp-specialised C = A·Bᵀ; and ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue,
+which calls without gradients use on Hopper (``schedule.statistics_in_gemm``).
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 

@@ -431,6 +431,23 @@ def statistics_gemm_rows(record: dict) -> list[dict]:
              **{label: r[key] / r[base] for label, key, base in STATS_GEMM_COLUMNS}} for r in record["results"]]
 
 
+# Columns of the softmax-beside-the-MMAs probe: (label, time key), each over cuBLAS's dX GEMM in the same run.
+SOFTMAX_MM_COLUMNS = [
+    ("skeleton", "three_rings_no_transform_ms"),
+    ("round_trip", "three_rings_no_exp_ms"),
+    ("three_rings", "three_rings_ms"),
+    ("softmax_mm", "softmax_mm_ms"),
+]
+
+
+def softmax_mm_rows(record: dict) -> list[dict]:
+    """Per (rows, H, V) of a ``softmax-mm-*.json`` probe, over cuBLAS's dX GEMM: the break-even (that GEMM plus
+    the half of row_grads the kernel saves, its write of G) and each variant's time."""
+    return [{"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"], "cublas_dx_ms": r["cublas_dx_ms"],
+             "break_even": 1 + r["half_row_grads_ms"] / r["cublas_dx_ms"],
+             **{label: r[key] / r["cublas_dx_ms"] for label, key in SOFTMAX_MM_COLUMNS}} for r in record["results"]]
+
+
 def eval_before_after_rows(record: BenchRecord) -> list[dict]:
     """Per shape of an eval record run with ``--before``: the no-grad loss's time over the logits GEMM and its
     peak over the inputs, for this commit (``fused``) and the one before (``before``)."""

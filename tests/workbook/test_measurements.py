@@ -24,3 +24,13 @@ def test_statistics_gemm_and_eval_tables(tmp_path):
     assert measurements.eval_before_after_rows(record) == [
         {**shape, "fused": pytest.approx(1.1), "before": pytest.approx(1.2), "fused_peak_gib": 0.1, "before_peak_gib": 1.0}]
     assert measurements.latest_record("nothing-*.json", tmp_path) is None
+
+
+def test_softmax_mm_table():
+    probe = {"results": [{"rows": 8, "hidden": 16, "vocab": 32, "cublas_dx_ms": 2.0, "half_row_grads_ms": 0.5,
+                          "three_rings_no_transform_ms": 2.4, "three_rings_no_exp_ms": 3.0, "three_rings_ms": 4.0,
+                          "softmax_mm_ms": 3.8}]}
+    (row,) = measurements.softmax_mm_rows(probe)
+    assert row == {"rows": 8, "hidden": 16, "vocab": 32, "cublas_dx_ms": 2.0, "break_even": pytest.approx(1.25),
+                   "skeleton": pytest.approx(1.2), "round_trip": pytest.approx(1.5), "three_rings": pytest.approx(2.0),
+                   "softmax_mm": pytest.approx(1.9)}

@@ -241,6 +241,19 @@ def test_kernel_tuning_statistics_gemm(runs):
     assert all(row["fused_peak_gib"] < 0.1 < row["before_peak_gib"] for row in shown.values() if row["vocab"] > 65536)
 
 
+def test_kernel_tuning_softmax_mm(runs):
+    from orpo_lib.workbook import measurements
+
+    r = _record(runs, "04-kernel-tuning")
+    assert r["softmax_mm_rows"] == measurements.softmax_mm_rows(measurements.latest_record("softmax-mm-2*.json"))
+    by_hidden = {row["hidden"]: row for row in r["softmax_mm_rows"]}
+    assert set(by_hidden) == {1024, 2048, 4096}
+    # as the text says: 1.93-1.96x where break-even is 1.07-1.26x, the skeleton alone 1.18-1.29x
+    assert all(1.93 <= round(row["softmax_mm"], 2) <= 1.96 for row in by_hidden.values())
+    assert by_hidden[4096]["break_even"] == pytest.approx(1.07, abs=5e-3)
+    assert all(row["break_even"] < row["skeleton"] < row["round_trip"] < row["three_rings"] for row in by_hidden.values())
+
+
 def test_memory_notebook_vocab_parallel_table(runs):
     r = _record(runs, "03-memory")
     expected = {str(row["ranks"]): row["peak_gib"] for row in memory.vocab_parallel_table(16, 4096, 4096, 128256)}
