@@ -123,12 +123,8 @@ def make_plan(hidden, vocab: int, counts: TokenCounts, opts: Options) -> Plan:
     # and one group holds every pair (or no pairs are needed).
     if not dropped and hidden_rows(hidden) is not None and (not opts.needs_grad or len(groups) == 1):
         return Plan(groups, None, False, buffer_rows)
-    # pair order (chosen i, then rejected i), without the tokens no target needs
-    order = torch.arange(tokens, device=hidden.device).view(2, pairs, seq).transpose(0, 1).reshape(-1)
-    if dropped:  # kept rows first, by a stable sort: their number is known, so no read-back
-        kept = counts.kept_mask.view(-1)[order].to(torch.uint8)  # (CUDA sorts bool only since torch 2.6)
-        order = order[torch.argsort(kept, descending=True, stable=True)[:kept_rows]]
-    return Plan(groups, order, dropped, buffer_rows)
+    # pair order (chosen i, then rejected i), without the tokens no target needs: written by the label check
+    return Plan(groups, counts.kept_order, dropped, buffer_rows)
 
 
 def gradient_groups(hidden, vocab: int, counts: TokenCounts, opts: Options, pair_rows: list, chunk_rows: int) -> list:
@@ -554,16 +550,20 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     The upstream gradient g is read back once, so that cuBLAS applies it as the GEMMs' scale factor:
     each gradient is rounded once, and G stays as it is for another backward.
     """
-    scale = grad_loss.item()
+    # what needs no scale is queued first: once the read-back returns, the GPU waits only for the GEMM launches
     x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
+    dx_rows = None
+    if grad_hidden:  # the GEMM writes every row in token order; otherwise dropped rows stay 0
+        new = hidden.new_empty if row_tokens is None else hidden.new_zeros
+        dx_rows = new(hidden.shape[0] * hidden.shape[1], hidden.shape[2])
+    scale = grad_loss.item()
     dx = dw = db = None
     if grad_hidden:
         if row_tokens is None:
-            dx = _scaled_mm(logit_grads, weight, scale).view(hidden.shape)
+            dx = _scaled_mm(logit_grads, weight, scale, out=dx_rows).view(hidden.shape)
         else:
-            dx = hidden.new_zeros(hidden.shape[0] * hidden.shape[1], hidden.shape[2])
-            dx.index_copy_(0, row_tokens, _scaled_mm(logit_grads, weight, scale))
-            dx = dx.view(hidden.shape)
+            dx_rows.index_copy_(0, row_tokens, _scaled_mm(logit_grads, weight, scale))
+            dx = dx_rows.view(hidden.shape)
     if grad_weight:
         dw = _scaled_mm(logit_grads.t(), x, scale)
     if grad_bias:
@@ -571,7 +571,7 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     return dx, dw, db
 
 
-def _scaled_mm(a, b, scale: float):
-    """scale · (a @ b), the scale applied by the GEMM before its one rounding."""
-    out = a.new_empty(a.shape[0], b.shape[1])
+def _scaled_mm(a, b, scale: float, out=None):
+    """scale · (a @ b), the scale applied by the GEMM before its one rounding (into ``out`` if given)."""
+    out = a.new_empty(a.shape[0], b.shape[1]) if out is None else out
     return torch.addmm(out, a, b, beta=0, alpha=scale, out=out)  # beta = 0: out's contents are never read

@@ -87,6 +87,7 @@ class TokenCounts:
     target_ids: torch.Tensor  # (B, T) int32 odds-ratio target, -1 where the token does not count
     nll_ids: torch.Tensor  # (B, T) int32 NLL target, -1 where it does not count (and in the rejected half)
     stats: torch.Tensor  # (B, 6) int32 on the device: the LABEL_STATS of each sequence
+    kept_order: torch.Tensor  # (kept,) int64 on the device: the kept tokens' flattened indices in pair order
     target_per_seq: list  # odds-ratio tokens of each sequence
     kept_per_seq: list  # tokens that any target needs (the others cost no GEMM work)
     nll_tokens: int  # NLL tokens in the chosen half
@@ -128,7 +129,8 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
         raise ValueError("the tensors are on the CPU, but the Triton kernels were compiled for the GPU: move them "
                          "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
     with on_device(target.device):
-        target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore_index, compute_nll_loss)
+        target_ids, nll_ids, stats, kept_order = label_stats(target, nll_target, vocab, ignore_index,
+                                                             compute_nll_loss)
     # rows read back as they are (transposing on the device first costs a copy kernel, ~30 µs here)
     per_seq, kept, nll_per_seq, bad_target, bad_nll, blockers = zip(*stats.tolist())
     if sum(bad_target):
@@ -151,4 +153,5 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
             f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
             " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
         )
-    return TokenCounts(target_ids, nll_ids, stats, list(per_seq), list(kept), sum(nll_per_seq), list(blockers))
+    return TokenCounts(target_ids, nll_ids, stats, kept_order[: sum(kept)], list(per_seq), list(kept), sum(nll_per_seq),
+                       list(blockers))

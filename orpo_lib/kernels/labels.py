@@ -8,6 +8,10 @@ NLL, while on, ignores), plus 1 if some NLL-only token (odds ratio ignored, NLL 
 token the odds ratio counts. Where there are none, the sequence's kept tokens are NLL-only ones, whose
 gradient of the logits b·(onehot(y') - P) is known before any GEMM, then the odds ratio's, whose gradient
 is one coefficient of the sequence times onehot(y) - P: TRL's labels (prompt, then response) are so.
+
+``kept_row_order_kernel`` then writes the order in which the kept tokens go through the GEMMs, before the
+counts are read back: after the read-back the host only has to slice it, so the first GEMM follows at once
+(a dozen torch ops there, each waiting on the host, cost about 1 ms of idle GPU at 2×1024 with TRL's labels).
 """
 
 from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)
@@ -76,8 +80,41 @@ def label_stats_kernel(
     tl.store(row + 5, tl.sum(nll_mismatch, axis=0) + nll_only_after_target.to(tl.int32))
 
 
+@triton.jit
+def kept_row_order_kernel(
+    target_ids_ptr,  # (B, T) int32 from label_stats_kernel, -1 where the token does not count
+    nll_ids_ptr,  # (B, T) int32, the same for the NLL term
+    stats_ptr,  # (B, N_STATS) int32 from label_stats_kernel
+    order_ptr,  # (B*T,) int64 out: its first sum(kept_tokens) entries
+    T,
+    pairs,
+    N_STATS: tl.constexpr,
+    KEPT: tl.constexpr,  # the kept_tokens column of stats
+    BLOCK_B: tl.constexpr,  # >= B
+    BLOCK_T: tl.constexpr,
+):
+    """The flattened token index of every kept token, in pair order (chosen 0, rejected 0, chosen 1, ...) and
+    token order within a sequence: program k places the kept tokens of the k-th sequence in pair order after
+    those of the k sequences before it."""
+    k = tl.program_id(0)
+    seq = k // 2 + (k % 2) * pairs
+    before = tl.arange(0, BLOCK_B)
+    offset = tl.sum(tl.load(stats_ptr + (before // 2 + (before % 2) * pairs) * N_STATS + KEPT, mask=before < k,
+                            other=0), axis=0)
+    for start in range(0, T, BLOCK_T):
+        t = start + tl.arange(0, BLOCK_T)
+        in_seq = t < T
+        token = seq * T + t
+        kept = ((tl.load(target_ids_ptr + token, mask=in_seq, other=-1) >= 0)
+                | (tl.load(nll_ids_ptr + token, mask=in_seq, other=-1) >= 0)).to(tl.int32)
+        rank = tl.cumsum(kept, axis=0) - kept  # kept tokens before this one in the block
+        tl.store(order_ptr + offset + rank, token.to(tl.int64), mask=kept != 0)
+        offset += tl.sum(kept, axis=0)
+
+
 def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: bool):
-    """Launch ``label_stats_kernel``: int32 ids (-1 where a token does not count) and the (B, 6) LABEL_STATS."""
+    """Launch ``label_stats_kernel`` and ``kept_row_order_kernel``: int32 ids (-1 where a token does not count),
+    the (B, 6) LABEL_STATS and the (B*T,) kept-row order (the first sum(kept_tokens) entries)."""
     batch, seq = target.shape
     nll_target = target if nll_target is None else nll_target
     target_ids, nll_ids = torch.empty(2, batch, seq, device=target.device, dtype=torch.int32)  # one allocation
@@ -88,4 +125,10 @@ def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: 
         COMPUTE_NLL=compute_nll, N_STATS=len(LABEL_STATS), BLOCK_T=min(triton.next_power_of_2(seq), 1024),
         num_warps=4,
     )
-    return target_ids, nll_ids, stats
+    order = torch.empty(batch * seq, device=target.device, dtype=torch.int64)
+    kept_row_order_kernel[(batch,)](
+        target_ids, nll_ids, stats, order, seq, batch // 2, N_STATS=len(LABEL_STATS),
+        KEPT=LABEL_STATS.index("kept_tokens"), BLOCK_B=triton.next_power_of_2(batch),
+        BLOCK_T=min(triton.next_power_of_2(seq), 1024), num_warps=4,
+    )
+    return target_ids, nll_ids, stats, order

@@ -57,7 +57,7 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
     nll_target = torch.roll(target, 1, dims=1)
     nll_target[0] = target[0]  # a chosen sequence whose NLL ids are its target ids: no mismatch
 
-    target_ids, nll_ids, stats = label_stats(target, nll_target, vocab, ignore, compute_nll)
+    target_ids, nll_ids, stats, kept_order = label_stats(target, nll_target, vocab, ignore, compute_nll)
 
     target_valid = target.long() != ignore
     nll_valid = (nll_target.long() != ignore) & compute_nll
@@ -77,6 +77,32 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
         assert stats[:, column].tolist() == want[name].tolist(), name
     blockers = stats[:, LABEL_STATS.index("one_pass_blockers")]
     assert blockers[0] == 0 and bool((blockers[1:batch // 2] > 0).all()) == compute_nll
+    # (an out-of-range id counts as kept above, for the error message, but has no row: its id is negative)
+    in_range = kept_pair_order((target_ids >= 0) | (nll_ids >= 0))
+    assert kept_order.tolist()[:len(in_range)] == in_range
+
+
+def kept_pair_order(kept):
+    """Flattened indices of the kept tokens of a (B, T) mask, pairs in order (chosen i, then rejected i)."""
+    batch, seq = kept.shape
+    pair_order = torch.arange(batch * seq).view(2, batch // 2, seq).transpose(0, 1).reshape(-1)
+    return pair_order[kept.reshape(-1)[pair_order]].tolist()
+
+
+@pytest.mark.parametrize("batch, seq", [(2, 1), (4, 1100), (10, 300)])  # 1100: two blocks of positions
+def test_kept_row_order(batch, seq):
+    """The kept tokens in pair order: each sequence placed after the kept tokens of those before it, in token
+    order within it, across blocks of positions; a sequence with no kept token takes no place."""
+    gen = torch.Generator().manual_seed(batch + seq)
+    target = torch.randint(0, 30, (batch, seq), generator=gen)
+    target[torch.rand(batch, seq, generator=gen) < 0.4] = -100
+    nll_target = torch.randint(0, 30, (batch, seq), generator=gen)
+    nll_target[torch.rand(batch, seq, generator=gen) < 0.5] = -100
+    target[batch // 2] = -100  # a rejected sequence with nothing kept
+    _, _, stats, kept_order = label_stats(target, nll_target, 30, -100, True)
+    kept = (target != -100) | ((nll_target != -100) & (torch.arange(batch) < batch // 2)[:, None])
+    assert int(stats[:, 1].sum()) == int(kept.sum())
+    assert kept_order.tolist()[:int(kept.sum())] == kept_pair_order(kept)
 
 
 def one_pass_blockers(target_ids, nll_ids, chosen_with_nll):
