@@ -24,7 +24,7 @@ steps 1, 2, 4 and 5 at once, into the call's sums. At the pair's end step 3 give
 and dX = c·Q (rounded once), dW += c_c·Σ_c + c_r·Σ_r. Otherwise the pair takes two passes: steps 1 and 2
 for every block, then 3, then each block's logits again for 4 and 5.
 
-Without gradients on Hopper (``schedule.statistics_in_gemm``), steps 1 and 2 are one Gluon kernel
+Without gradients on an H200 (``schedule.statistics_in_gemm``), steps 1 and 2 are one Gluon kernel
 (``kernels.gluon_row_stats``) that reduces each tile of logits inside the GEMM: there is no buffer.
 
 ``forward`` returns the loss terms and what backward needs. With several blocks, that is the unscaled
@@ -345,8 +345,8 @@ def statistics_in_gemm(hidden, weight, bias, counts: TokenCounts, opts: Options)
     aligned = weight.stride(1) == 1 and all(t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0
                                             for t in (hidden, weight))
     return aligned and hidden.stride(-1) == 1 and schedule.statistics_in_gemm(
-        torch.cuda.get_device_capability(hidden.device), hidden.dtype, bias is not None, hidden.shape[-1],
-        weight.shape[0], sum(counts.kept_per_seq))
+        torch.cuda.get_device_capability(hidden.device), torch.cuda.get_device_name(hidden.device), hidden.dtype,
+        bias is not None, hidden.shape[-1], weight.shape[0], sum(counts.kept_per_seq))
 
 
 def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) -> None:

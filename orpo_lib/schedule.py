@@ -198,17 +198,21 @@ def single_block(batch: int, seq: int, hidden_size: int, vocab: int, itemsize: i
 # behind). Whole eval calls (eval-2026-12-04-h200-b0f1398-stats-gemm.json): the peak over the inputs drops
 # from 1-2 GiB to under 0.1 GiB; the time goes from 1.25 to 1.19-1.22 × the logits GEMM at H = 1024 and
 # V ≥ 151936, is within ±6 % at H = 4096 and 8192 rows or more, and is 8 % worse at 2×1024 (2048 rows).
+# On an H100 the same whole calls took 6-17 % longer than the buffer path at five shapes, in two runs
+# (eval-paths-2026-12-06-h100-df7412b.json; the kernel alone 1.10-1.38 × cuBLAS's logits GEMM there,
+# stats-stages-2026-12-06-h100-df7412b.json): the GPUs named here are the ones where it measured faster or level.
 STATS_GEMM_MIN_VOCAB = 65536
 STATS_GEMM_MIN_ROWS = 8192
+STATS_GEMM_GPUS = ("H200",)  # a word of torch.cuda.get_device_name
 
 
-def statistics_in_gemm(capability: tuple | None, dtype: torch.dtype, has_bias: bool, hidden_size: int,
-                       vocab: int, rows: int) -> bool:
+def statistics_in_gemm(capability: tuple | None, device_name: str, dtype: torch.dtype, has_bias: bool,
+                       hidden_size: int, vocab: int, rows: int) -> bool:
     """Whether a call without gradients computes the row statistics of its ``rows`` kept token rows inside
-    the logits GEMM (Hopper, bf16 or fp16 inputs, no bias, rows that TMA can address) instead of writing
-    the logits to a buffer and reading them back. ``capability`` is the CUDA device's (None: not a CUDA
-    device, or kernels interpreted)."""
+    the logits GEMM (a Hopper GPU in STATS_GEMM_GPUS, bf16 or fp16 inputs, no bias, rows that TMA can address)
+    instead of writing the logits to a buffer and reading them back. ``capability`` and ``device_name`` are
+    the CUDA device's (capability None: not a CUDA device, or kernels interpreted)."""
     # (the kernel's operand rules, gluon_row_stats.check_supported, want H a multiple of 8; V may be anything)
-    return (capability is not None and capability[0] == 9 and dtype in (torch.bfloat16, torch.float16)
-            and not has_bias and hidden_size % 8 == 0 and vocab >= STATS_GEMM_MIN_VOCAB
-            and rows >= STATS_GEMM_MIN_ROWS)
+    return (capability is not None and capability[0] == 9 and any(w in STATS_GEMM_GPUS for w in device_name.split())
+            and dtype in (torch.bfloat16, torch.float16) and not has_bias and hidden_size % 8 == 0
+            and vocab >= STATS_GEMM_MIN_VOCAB and rows >= STATS_GEMM_MIN_ROWS)

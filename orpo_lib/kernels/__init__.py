@@ -19,7 +19,7 @@
 ``offline_compile`` how the CPU tests compile a Gluon kernel for sm_90a without a GPU.
 Two Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_gemm``, a
 warp-specialised C = A·Bᵀ; and ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue,
-which calls without gradients use on Hopper (``schedule.statistics_in_gemm``).
+which calls without gradients use on an H200 (``schedule.statistics_in_gemm``).
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 

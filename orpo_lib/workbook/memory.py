@@ -233,7 +233,7 @@ def memory_phases(
     implementation's default: ``fused`` accumulates dW in fp32 with the default chunking,
     ``fused_lean`` uses ``LEAN_CHUNK_ROWS`` rows and accumulates dW in the weight dtype.
     ``statistics_in_gemm``: a call without gradients computes its row statistics inside the logits GEMM,
-    as it does on Hopper where ``schedule.statistics_in_gemm`` says so (the model knows no GPU).
+    as it does where ``schedule.statistics_in_gemm`` says so (the model knows no GPU).
     """
     shape = (batch, seq, hidden, vocab, dtype_bytes)
     if impl == "fused":

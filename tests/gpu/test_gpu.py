@@ -206,7 +206,9 @@ def test_eval_statistics_in_gemm(monkeypatch, labels, chunk_size):
     to the buffer path's up to bf16 rounding of single logits, the same bits twice; bad labels still raise."""
     from orpo_lib import chunked, schedule
 
-    monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)  # (its threshold is about speed, not correctness)
+    # (its thresholds are about speed, not correctness: here any Hopper GPU and any row count take it)
+    monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)
+    monkeypatch.setattr(schedule, "STATS_GEMM_GPUS", tuple(torch.cuda.get_device_name().split()))
     problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=5,
                            ignored_fraction=0.25)
     if labels == "trl":
@@ -255,6 +257,7 @@ def test_compiled_eval_with_statistics_in_gemm(monkeypatch):
 
     torch._dynamo.reset()
     monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)
+    monkeypatch.setattr(schedule, "STATS_GEMM_GPUS", tuple(torch.cuda.get_device_name().split()))
     problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=9)
 
     def step(hidden, weight, target):
