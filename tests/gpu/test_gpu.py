@@ -197,18 +197,25 @@ def test_training_loop_on_cuda():
     assert trajectories[0][-1] < trajectories[0][0]
 
 
+@pytest.fixture
+def statistics_gemm_anywhere(monkeypatch):
+    """schedule.statistics_in_gemm's thresholds are about speed, not correctness: here this Hopper GPU, whatever
+    its name, and any row count take the statistics GEMM."""
+    from orpo_lib import schedule
+
+    monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)
+    monkeypatch.setattr(schedule, "STATS_GEMM_GPUS", tuple(torch.cuda.get_device_name().split()))
+
+
 @hopper_only
 @pytest.mark.parametrize("labels", ["nll on the target", "trl"])
 @pytest.mark.parametrize("chunk_size", [None, 300])
-def test_eval_statistics_in_gemm(monkeypatch, labels, chunk_size):
+def test_eval_statistics_in_gemm(monkeypatch, statistics_gemm_anywhere, labels, chunk_size):
     """Without gradients on Hopper at a large vocabulary, the row statistics come from inside the logits GEMM
     (no logits buffer): loss and metrics within 1.5× the materialising baseline's error against float64, equal
     to the buffer path's up to bf16 rounding of single logits, the same bits twice; bad labels still raise."""
-    from orpo_lib import chunked, schedule
+    from orpo_lib import chunked
 
-    # (its thresholds are about speed, not correctness: here any Hopper GPU and any row count take it)
-    monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)
-    monkeypatch.setattr(schedule, "STATS_GEMM_GPUS", tuple(torch.cuda.get_device_name().split()))
     problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=5,
                            ignored_fraction=0.25)
     if labels == "trl":
@@ -251,13 +258,9 @@ def test_eval_statistics_in_gemm(monkeypatch, labels, chunk_size):
 
 
 @hopper_only
-def test_compiled_eval_with_statistics_in_gemm(monkeypatch):
+def test_compiled_eval_with_statistics_in_gemm(statistics_gemm_anywhere):
     """A call without gradients inside torch.compile takes the statistics GEMM as eager does: the same loss."""
-    from orpo_lib import schedule
-
     torch._dynamo.reset()
-    monkeypatch.setattr(schedule, "STATS_GEMM_MIN_ROWS", 0)
-    monkeypatch.setattr(schedule, "STATS_GEMM_GPUS", tuple(torch.cuda.get_device_name().split()))
     problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=9)
 
     def step(hidden, weight, target):
