@@ -27,11 +27,15 @@ for every block, then 3, then each block's logits again for 4 and 5.
 Without gradients on an H200 (``schedule.statistics_in_gemm``), steps 1 and 2 are one Gluon kernel
 (``kernels.gluon_row_stats``) that reduces each tile of logits inside the GEMM: there is no buffer.
 
+When every row fits in one block (``schedule.single_block``, decided from shapes), the logits of its first
+rows are queued before the label counts are read back (``early_logits``): the block's rows begin with
+them whatever the counts turn out to be, so the GPU works while the host reads the counts and plans.
+
 ``forward`` returns the loss terms and what backward needs. With several blocks, that is the unscaled
 sums dX, dW and dbias, which ``backward`` multiplies by the upstream gradient into new tensors. With one
-block it is G itself: backward runs step 5 with the upstream gradient as the GEMMs' scale factor, so
-every gradient is rounded once. Either way the saved tensors are only read, so a second backward
-through a retained graph gives the same gradients again.
+block it is G itself: backward runs step 5, dW with the upstream gradient as the GEMM's scale factor and
+dX in float32 scaled on the device, so every gradient is rounded once. Either way the saved tensors are
+only read, so a second backward through a retained graph gives the same gradients again.
 """
 
 from dataclasses import dataclass
@@ -40,7 +44,7 @@ import torch
 
 from . import kernels, schedule
 from ._triton_mode import INTERPRET
-from .validation import TokenCounts
+from .validation import TokenCounts, copy_to_host
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def pair_terms(stats: TokenStats, counts: TokenCounts, first_pair: int, end_pair
 class Block:
     span: tuple  # (start, end) of its rows in the row order
     tokens: torch.Tensor  # (C,) flattened token index of each row
-    x: torch.Tensor  # (C, H) the rows of hidden
+    x: torch.Tensor | None  # (C, H) the rows of hidden (None: a single block, whose GEMMs of x wait for backward)
     logits: torch.Tensor | None  # (C, V) view of the buffer: logits, then G (None: no buffer)
     target: torch.Tensor  # (C,) int32, -1 where ignored
     nll_target: torch.Tensor  # (C,) int32, -1 where ignored
@@ -193,12 +197,14 @@ def block_rows(plan: Plan, span, hidden):
 def block_logits(plan: Plan, span, buffer, hidden, weight, bias):
     """The block's rows of hidden, and their logits in the buffer."""
     x = block_rows(plan, span, hidden)
-    logits = buffer[: span[1] - span[0]]
+    return x, linear_into(buffer[: span[1] - span[0]], x, weight, bias)
+
+
+def linear_into(out, x, weight, bias):
+    """out = x @ weight.T (+ bias); returns out."""
     if bias is None:
-        torch.mm(x, weight.t(), out=logits)
-    else:
-        torch.addmm(bias, x, weight.t(), out=logits)
-    return x, logits
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
 
 
 def make_block(span, x, logits, row_tokens, counts: TokenCounts, token_order: bool) -> Block:
@@ -471,15 +477,40 @@ class Forward:
     row_tokens: torch.Tensor | None = None  # (kept,) its rows' token indices; None in token order
 
 
-def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward:
+@dataclass(frozen=True)
+class EarlyLogits:
+    """A single block's first logits, queued before the label counts are read back."""
+
+    buffer: torch.Tensor  # (B*T, V): room for every row a single block can hold
+    rows: int  # its first ``rows`` rows hold the logits of the first rows of the kept-row order
+
+
+def early_logits(hidden, weight, bias, kept_order) -> EarlyLogits:
+    """The logits of the first ``schedule.early_rows`` entries of the kept-row order (the kept tokens in token
+    order, then zeros: kernels.label_stats), which the single block's rows begin with whatever the counts
+    turn out to be: in token order when no token is dropped, in that order otherwise."""
+    batch, seq, size = hidden.shape
+    rows = min(batch * seq, schedule.early_rows(size, weight.shape[0]))
+    buffer = hidden.new_empty(batch * seq, weight.shape[0])
+    linear_into(buffer[:rows], gather_rows(hidden, kept_order[:rows]), weight, bias)
+    return EarlyLogits(buffer, rows)
+
+
+def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: EarlyLogits | None = None) -> Forward:
     plan = make_plan(hidden, weight.shape[0], counts, opts)
     if statistics_in_gemm(hidden, weight, bias, counts, opts):  # no logits buffer at all
         call = new_call(hidden, weight, bias, counts, opts, plan, None)
         sums = ready = None
     else:
-        buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
         first_span = plan.groups[0].blocks[0]
-        x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
+        if early is None:
+            buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
+            x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
+        else:  # a single block (its x is read again in backward): the logits of its rows after the early ones
+            buffer, rest, x = early.buffer, (early.rows, first_span[1]), None
+            if rest[1] > rest[0]:
+                linear_into(buffer[rest[0]:rest[1]], block_rows(plan, rest, hidden), weight, bias)
+            logits = buffer[:first_span[1]]
         # the first GEMM is queued: the GPU is busy while the host finishes the setup
         call = new_call(hidden, weight, bias, counts, opts, plan, buffer)
         sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
@@ -497,8 +528,8 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options) -> Forward
     logits_per_half = hidden.shape[0] // 2 * hidden.shape[1] * weight.shape[0]
     terms = loss_terms(call.stats, counts, call_logit_sums(call.stats, counts, hidden, weight, bias, plan),
                        logits_per_half, opts.compute_nll_loss)
-    if opts.single_block:  # the single block fills the buffer
-        return Forward(*terms, logit_grads=call.buffer, row_tokens=plan.row_tokens)
+    if opts.single_block:  # the single block fills the buffer (up to its kept rows)
+        return Forward(*terms, logit_grads=call.buffer[:plan.buffer_rows], row_tokens=plan.row_tokens)
     return Forward(*terms, sums=sums)
 
 
@@ -547,31 +578,35 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
                               grad_weight: bool, grad_bias: bool):
     """One block: dX = g·G·W, dW = g·Gᵀ·X, dbias = g·Σ G, with G as forward left it.
 
-    The upstream gradient g is read back once, so that cuBLAS applies it as the GEMMs' scale factor:
-    each gradient is rounded once, and G stays as it is for another backward.
+    cuBLAS applies the upstream gradient g to dW as the GEMM's scale factor, which it takes from the host.
+    Its copy to the host is queued first, then the dX GEMM, which needs g only on the device (its float32
+    result is scaled by a kernel): the GPU runs that GEMM while the host waits for g. Each gradient is
+    rounded once, and G stays as it is for another backward.
     """
-    # what needs no scale is queued first: once the read-back returns, the GPU waits only for the GEMM launches
-    x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
-    dx_rows = None
-    if grad_hidden:  # the GEMM writes every row in token order; otherwise dropped rows stay 0
-        new = hidden.new_empty if row_tokens is None else hidden.new_zeros
-        dx_rows = new(hidden.shape[0] * hidden.shape[1], hidden.shape[2])
-    scale = grad_loss.item()
+    scale = copy_to_host(grad_loss) if grad_weight else None
     dx = dw = db = None
     if grad_hidden:
-        if row_tokens is None:
-            dx = _scaled_mm(logit_grads, weight, scale, out=dx_rows).view(hidden.shape)
-        else:
-            dx_rows.index_copy_(0, row_tokens, _scaled_mm(logit_grads, weight, scale))
-            dx = dx_rows.view(hidden.shape)
+        dx = scaled_dx(grad_loss, logit_grads, weight, row_tokens, hidden).view(hidden.shape)
     if grad_weight:
-        dw = _scaled_mm(logit_grads.t(), x, scale)
+        x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
+        dw = _scaled_mm(logit_grads.t(), x, scale().item())
     if grad_bias:
-        db = (logit_grads.sum(0, dtype=stats_dtype(hidden.dtype)) * scale).to(hidden.dtype)
+        db = (logit_grads.sum(0, dtype=stats_dtype(hidden.dtype)) * grad_loss).to(hidden.dtype)
     return dx, dw, db
 
 
-def _scaled_mm(a, b, scale: float, out=None):
-    """scale · (a @ b), the scale applied by the GEMM before its one rounding (into ``out`` if given)."""
-    out = a.new_empty(a.shape[0], b.shape[1]) if out is None else out
+def scaled_dx(grad_loss, logit_grads, weight, row_tokens, hidden):
+    """(B*T, H) g·G·W in hidden's dtype: the GEMM in float32, scaled by g on the device and rounded once;
+    rows of dropped tokens 0."""
+    unscaled = mm_into(logit_grads.new_empty(logit_grads.shape[0], weight.shape[1], dtype=grad_loss.dtype),
+                       logit_grads, weight)
+    if row_tokens is None:  # every token's row, in token order
+        return kernels.scale(unscaled, grad_loss, out=hidden.new_empty(unscaled.shape))
+    dx = hidden.new_zeros(hidden.shape[0] * hidden.shape[1], hidden.shape[2])
+    return dx.index_copy_(0, row_tokens, kernels.scale(unscaled, grad_loss, out=hidden.new_empty(unscaled.shape)))
+
+
+def _scaled_mm(a, b, scale: float):
+    """scale · (a @ b), the scale applied by the GEMM before its one rounding."""
+    out = a.new_empty(a.shape[0], b.shape[1])
     return torch.addmm(out, a, b, beta=0, alpha=scale, out=out)  # beta = 0: out's contents are never read

@@ -20,7 +20,7 @@ import torch
 
 from . import chunked, schedule
 from .output import ORPOOutput, orpo_output
-from .validation import check_arguments, check_options, count_tokens, on_device
+from .validation import check_arguments, check_labels, check_options, on_device, read_counts
 
 
 # The ops' namespace is the package's name, so that a second copy of the package loaded beside this one
@@ -39,11 +39,16 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
                                                             torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                             torch.Tensor, torch.Tensor, torch.Tensor]:
     """loss, nll_loss, or_loss, seq_logp, log_odds, logits_means; dx, dw, db sums; logit_grads, row_tokens."""
-    counts = count_tokens(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss)
+    # A single block's rows may come in token order (any order serves one block), so that its first logits,
+    # queued before the counts are read back, are the same rows whether or not some tokens are dropped.
+    check = check_labels(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss,
+                         pair_order=not single_block, copy_now=single_block)
     opts = chunked.Options(beta, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
                            single_block)
     with on_device(hidden.device), torch.autocast(hidden.device.type, enabled=False):
-        out = chunked.forward(hidden, weight, bias, counts, opts)
+        early = chunked.early_logits(hidden, weight, bias, check.kept_order) if single_block else None
+        counts = read_counts(check)  # bad labels raise here, before any result exists
+        out = chunked.forward(hidden, weight, bias, counts, opts, early)
     sums = out.sums or chunked.GradSums(None, None, None)
     saved = [_empty(hidden) if t is None else t for t in (sums.dx, sums.dw, sums.db, out.logit_grads)]
     row_tokens = target.new_empty(0, dtype=torch.int64) if out.row_tokens is None else out.row_tokens

@@ -175,6 +175,20 @@ def accumulator_rows(hidden_size: int, itemsize: int, fp32_weight_grad: bool) ->
     return hidden_size * (4 - itemsize) // itemsize
 
 
+# A single block's first rows go through the logits GEMM before the label counts are read back, so that the
+# GPU is busy while the host reads them and plans the call (from the read-back to the next GEMM's launch the
+# host took 0.26 ms on an H100 machine, small-call-stalls-2026-12-06-h100-969a28b-v2.json): about 0.4 ms of
+# GEMM at 600 TFLOP/s, in whole 256-row tiles.
+EARLY_GEMM_FLOPS = 240 * 10**9
+
+
+def early_rows(hidden_size: int, vocab: int) -> int:
+    """Rows of a single block's logits GEMM queued before the label counts are read back (the caller takes at
+    most every row): few, because those past the kept tokens are computed for nothing."""
+    rows = -(-EARLY_GEMM_FLOPS // (2 * hidden_size * vocab))
+    return -(-rows // 256) * 256
+
+
 def single_block(batch: int, seq: int, hidden_size: int, vocab: int, itemsize: int, *, chunk_size, fp32_weight_grad: bool,
                  grad_weight: bool) -> bool:
     """Whether every token row, counted or not, fits in one block of the gradient schedule.

@@ -2,6 +2,7 @@
 
 import contextlib
 import math
+from collections.abc import Callable
 import numbers
 from dataclasses import dataclass
 
@@ -123,16 +124,43 @@ def on_device(device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool) -> TokenCounts:
-    """Check the label values and count the tokens that take part: one kernel, one device-to-host transfer."""
+@dataclass(frozen=True)
+class LabelCheck:
+    """The label check, queued on the device, and the way to its per-sequence counts on the host."""
+
+    target_ids: torch.Tensor  # (B, T) int32, as TokenCounts
+    nll_ids: torch.Tensor  # (B, T) int32
+    stats: torch.Tensor  # (B, 6) int32 on the device
+    kept_order: torch.Tensor  # (B*T,) int64: the kept tokens, then zeros (kernels.label_stats)
+    stats_on_host: Callable[[], torch.Tensor]  # stats on the host (a copy queued by check_labels), or as they are
+    vocab: int
+    ignore_index: int
+    compute_nll_loss: bool
+    nll_target_given: bool
+
+
+def check_labels(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool, *,
+                 pair_order: bool = True, copy_now: bool = False) -> LabelCheck:
+    """Queue the label check (one kernel, and one that orders the kept tokens, in pair order or token order);
+    ``read_counts`` reads its counts back. With ``copy_now`` their copy to the host is queued at once, so that
+    work queued before ``read_counts`` runs while the host waits for the copy (which costs a little more host
+    time than a plain read-back, so only where such work exists)."""
     if target.device.type == "cpu" and not INTERPRET:
         raise ValueError("the tensors are on the CPU, but the Triton kernels were compiled for the GPU: move them "
                          "to CUDA, or set TRITON_INTERPRET=1 before importing orpo_lib")
     with on_device(target.device):
         target_ids, nll_ids, stats, kept_order = label_stats(target, nll_target, vocab, ignore_index,
-                                                             compute_nll_loss)
+                                                             compute_nll_loss, pair_order)
+    stats_on_host = copy_to_host(stats) if copy_now else lambda: stats
+    return LabelCheck(target_ids, nll_ids, stats, kept_order, stats_on_host, vocab, ignore_index, compute_nll_loss,
+                      nll_target is not None)
+
+
+def read_counts(check: LabelCheck) -> TokenCounts:
+    """Wait for the label check's counts, raise a clear error for bad labels, and count the tokens that take part."""
+    vocab, ignore_index = check.vocab, check.ignore_index
     # rows read back as they are (transposing on the device first costs a copy kernel, ~30 µs here)
-    per_seq, kept, nll_per_seq, bad_target, bad_nll, blockers = zip(*stats.tolist())
+    per_seq, kept, nll_per_seq, bad_target, bad_nll, blockers = zip(*check.stats_on_host().tolist())
     if sum(bad_target):
         raise ValueError(
             f"target holds {sum(bad_target)} token id(s) outside [0, {vocab}) that are not ignore_index={ignore_index}"
@@ -147,11 +175,33 @@ def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_
             f"target has no tokens other than ignore_index={ignore_index} in sequence(s) {empty[:8]}"
             " (rows [0, B/2) chosen, [B/2, B) rejected): their log-probability is undefined"
         )
-    if compute_nll_loss and sum(nll_per_seq) == 0:
-        name = "target" if nll_target is None else "nll_target"
+    if check.compute_nll_loss and sum(nll_per_seq) == 0:
+        name = "nll_target" if check.nll_target_given else "target"
         raise ValueError(
             f"{name} has no tokens other than ignore_index={ignore_index} in the chosen half: the NLL"
             " term is undefined (pass compute_nll_loss=False to train on the odds ratio alone)"
         )
-    return TokenCounts(target_ids, nll_ids, stats, kept_order[: sum(kept)], list(per_seq), list(kept), sum(nll_per_seq),
-                       list(blockers))
+    return TokenCounts(check.target_ids, check.nll_ids, check.stats, check.kept_order[: sum(kept)], list(per_seq),
+                       list(kept), sum(nll_per_seq), list(blockers))
+
+
+def count_tokens(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool) -> TokenCounts:
+    """Check the label values and count the tokens that take part: one kernel, one device-to-host transfer."""
+    return read_counts(check_labels(target, nll_target, vocab, ignore_index, compute_nll_loss))
+
+
+def copy_to_host(tensor):
+    """A function that returns ``tensor`` on the host. On a GPU its copy is queued now, into pinned memory, so
+    that work queued after it runs while the host waits for the copy alone."""
+    if not tensor.is_cuda:
+        return lambda: tensor
+    with on_device(tensor.device):
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+
+    def wait():
+        copied.synchronize()
+        return host
+    return wait

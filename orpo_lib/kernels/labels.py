@@ -90,17 +90,21 @@ def kept_row_order_kernel(
     pairs,
     N_STATS: tl.constexpr,
     KEPT: tl.constexpr,  # the kept_tokens column of stats
+    PAIR_ORDER: tl.constexpr,  # sequences in pair order; else in batch order (plain token order)
     BLOCK_B: tl.constexpr,  # >= B
     BLOCK_T: tl.constexpr,
 ):
-    """The flattened token index of every kept token, in pair order (chosen 0, rejected 0, chosen 1, ...) and
-    token order within a sequence: program k places the kept tokens of the k-th sequence in pair order after
-    those of the k sequences before it."""
+    """The flattened token index of every kept token, token order within a sequence, the sequences in pair
+    order (chosen 0, rejected 0, chosen 1, ...) or in batch order: program k places the kept tokens of the
+    k-th sequence in that order after those of the k sequences before it."""
     k = tl.program_id(0)
-    seq = k // 2 + (k % 2) * pairs
     before = tl.arange(0, BLOCK_B)
-    offset = tl.sum(tl.load(stats_ptr + (before // 2 + (before % 2) * pairs) * N_STATS + KEPT, mask=before < k,
-                            other=0), axis=0)
+    if PAIR_ORDER:
+        seq = k // 2 + (k % 2) * pairs
+        before = before // 2 + (before % 2) * pairs
+    else:
+        seq = k
+    offset = tl.sum(tl.load(stats_ptr + before * N_STATS + KEPT, mask=tl.arange(0, BLOCK_B) < k, other=0), axis=0)
     for start in range(0, T, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         in_seq = t < T
@@ -112,9 +116,10 @@ def kept_row_order_kernel(
         offset += tl.sum(kept, axis=0)
 
 
-def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: bool):
+def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: bool, pair_order: bool = True):
     """Launch ``label_stats_kernel`` and ``kept_row_order_kernel``: int32 ids (-1 where a token does not count),
-    the (B, 6) LABEL_STATS and the (B*T,) kept-row order (the first sum(kept_tokens) entries)."""
+    the (B, 6) LABEL_STATS and the (B*T,) kept-row order: the kept tokens, in pair order or token order, then
+    zeros (token 0), so that any prefix of it names rows of hidden."""
     batch, seq = target.shape
     nll_target = target if nll_target is None else nll_target
     target_ids, nll_ids = torch.empty(2, batch, seq, device=target.device, dtype=torch.int32)  # one allocation
@@ -125,10 +130,10 @@ def label_stats(target, nll_target, vocab: int, ignore_index: int, compute_nll: 
         COMPUTE_NLL=compute_nll, N_STATS=len(LABEL_STATS), BLOCK_T=min(triton.next_power_of_2(seq), 1024),
         num_warps=4,
     )
-    order = torch.empty(batch * seq, device=target.device, dtype=torch.int64)
+    order = torch.zeros(batch * seq, device=target.device, dtype=torch.int64)
     kept_row_order_kernel[(batch,)](
         target_ids, nll_ids, stats, order, seq, batch // 2, N_STATS=len(LABEL_STATS),
-        KEPT=LABEL_STATS.index("kept_tokens"), BLOCK_B=triton.next_power_of_2(batch),
+        KEPT=LABEL_STATS.index("kept_tokens"), PAIR_ORDER=pair_order, BLOCK_B=triton.next_power_of_2(batch),
         BLOCK_T=min(triton.next_power_of_2(seq), 1024), num_warps=4,
     )
     return target_ids, nll_ids, stats, order

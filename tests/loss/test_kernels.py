@@ -89,20 +89,24 @@ def kept_pair_order(kept):
     return pair_order[kept.reshape(-1)[pair_order]].tolist()
 
 
+@pytest.mark.parametrize("pair_order", [True, False])
 @pytest.mark.parametrize("batch, seq", [(2, 1), (4, 1100), (10, 300)])  # 1100: two blocks of positions
-def test_kept_row_order(batch, seq):
-    """The kept tokens in pair order: each sequence placed after the kept tokens of those before it, in token
-    order within it, across blocks of positions; a sequence with no kept token takes no place."""
+def test_kept_row_order(batch, seq, pair_order):
+    """The kept tokens in pair order (or token order): each sequence placed after the kept tokens of those
+    before it, in token order within it, across blocks of positions; a sequence with no kept token takes no
+    place; the entries after them are 0, a row of hidden."""
     gen = torch.Generator().manual_seed(batch + seq)
     target = torch.randint(0, 30, (batch, seq), generator=gen)
     target[torch.rand(batch, seq, generator=gen) < 0.4] = -100
     nll_target = torch.randint(0, 30, (batch, seq), generator=gen)
     nll_target[torch.rand(batch, seq, generator=gen) < 0.5] = -100
     target[batch // 2] = -100  # a rejected sequence with nothing kept
-    _, _, stats, kept_order = label_stats(target, nll_target, 30, -100, True)
+    _, _, stats, kept_order = label_stats(target, nll_target, 30, -100, True, pair_order=pair_order)
     kept = (target != -100) | ((nll_target != -100) & (torch.arange(batch) < batch // 2)[:, None])
-    assert int(stats[:, 1].sum()) == int(kept.sum())
-    assert kept_order.tolist()[:int(kept.sum())] == kept_pair_order(kept)
+    n = int(kept.sum())
+    assert int(stats[:, 1].sum()) == n
+    expected = kept_pair_order(kept) if pair_order else kept.reshape(-1).nonzero().view(-1).tolist()
+    assert kept_order.tolist() == expected + [0] * (batch * seq - n)
 
 
 def one_pass_blockers(target_ids, nll_ids, chosen_with_nll):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import orpo_lib
-from orpo_lib import chunked
+from orpo_lib import chunked, fused, schedule
 from orpo_lib.schedule import plan_chunks
 from orpo_lib.validation import count_tokens
 from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
@@ -151,17 +151,41 @@ def test_every_token_kept_in_token_or_pair_order(batch, chunk_size, token_order)
 
 
 @pytest.mark.parametrize("ignored_fraction", [0.0, 0.25])
-def test_first_gemm_is_queued_before_the_rest_of_the_setup(monkeypatch, ignored_fraction):
-    """Until the first logits GEMM the GPU has no work: the per-token outputs are allocated after it."""
+@pytest.mark.parametrize("early_rows", [5, 10**6])
+def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fraction, early_rows):
+    """A single block's first logits GEMM (``schedule.early_rows`` rows, at most every row) is queued before
+    the label counts are read back, the rest of its rows after; the per-token outputs are allocated after
+    both. Dropped tokens or not, early rows past the kept ones or not, the result is the reference's."""
     problem = make_problem(4, 7, 48, 517, ignored_fraction=ignored_fraction, seed=9)
+    monkeypatch.setattr(schedule, "early_rows", lambda *args: early_rows)
     steps = []
     monkeypatch.setattr(torch, "mm", lambda *args, _mm=torch.mm, **kwargs: steps.append("mm") or _mm(*args, **kwargs))
-    allocate = chunked.new_token_stats
+    read, allocate = fused.read_counts, chunked.new_token_stats
+    monkeypatch.setattr(fused, "read_counts", lambda *args: steps.append("read") or read(*args))
     monkeypatch.setattr(chunked, "new_token_stats", lambda *args: steps.append("allocate") or allocate(*args))
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
-    assert steps[:2] == ["mm", "allocate"] and steps.count("allocate") == 1, steps
+    first = ["mm", "read", "mm"] if early_rows == 5 else ["mm", "read"]
+    assert steps[:len(first) + 1] == first + ["allocate"] and steps.count("allocate") == 1, steps
     ref, ref_grads = reference_with_grads(problem)
     assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+
+
+def test_early_rows_are_about_0_4_ms_of_gemm_in_whole_tiles():
+    for (hidden, vocab), rows in {(4096, 128256): 256, (2048, 151936): 512, (1024, 32000): 3840}.items():
+        assert schedule.early_rows(hidden, vocab) == rows
+        assert 2 * rows * hidden * vocab >= schedule.EARLY_GEMM_FLOPS > 2 * (rows - 256) * hidden * vocab
+
+
+def test_bad_labels_raise_after_the_early_gemm_and_change_nothing():
+    """The early GEMM runs before the labels are known to be good: a bad label still raises before any
+    result exists, and no gradient is written."""
+    problem = make_problem(4, 7, 48, 517, seed=4)
+    target = problem["target"].clone()
+    target[1, 2] = 517
+    hidden, weight = problem["hidden"].requires_grad_(), problem["weight"].requires_grad_()
+    with pytest.raises(ValueError, match="target holds 1 token id"):
+        orpo_lib.fused_linear_orpo_loss(hidden, weight, target).loss.backward()
+    assert hidden.grad is None and weight.grad is None
 
 
 @pytest.mark.parametrize("vocab", [2, 5, 8, 9])
