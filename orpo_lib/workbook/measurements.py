@@ -448,6 +448,19 @@ def softmax_mm_rows(record: dict) -> list[dict]:
              **{label: r[key] / r["cublas_dx_ms"] for label, key in SOFTMAX_MM_COLUMNS}} for r in record["results"]]
 
 
+def small_call_rows(record: dict) -> list[dict]:
+    """Per shape of a ``small-call-stalls-*.json`` record: each variant's median over the floor's in the same
+    run, with the GPU idle at the call's start (as the harness times) and busy (after a GEMM standing in for
+    the model, as in training)."""
+    floors = {(r["shape"], r["scenario"]): r["median_ms"] for r in record["results"] if r["variant"] == "floor"}
+    rows = {}
+    for r in record["results"]:
+        if r["variant"] != "floor":
+            row = rows.setdefault(r["shape"], {"gpu": record["provenance"]["gpu"], "shape": r["shape"]})
+            row[f"{r['variant']}_{r['scenario']}"] = r["median_ms"] / floors[r["shape"], r["scenario"]]
+    return list(rows.values())
+
+
 def eval_before_after_rows(record: BenchRecord) -> list[dict]:
     """Per shape of an eval record run with ``--before``: the no-grad loss's time over the logits GEMM and its
     peak over the inputs, for this commit (``fused``) and the one before (``before``)."""

@@ -34,3 +34,11 @@ def test_softmax_mm_table():
     assert row == {"rows": 8, "hidden": 16, "vocab": 32, "cublas_dx_ms": 2.0, "break_even": pytest.approx(1.25),
                    "skeleton": pytest.approx(1.2), "round_trip": pytest.approx(1.5), "three_rings": pytest.approx(2.0),
                    "softmax_mm": pytest.approx(1.9)}
+
+
+def test_small_call_table():
+    result = lambda variant, scenario, ms: {"shape": "2x4", "variant": variant, "scenario": scenario, "median_ms": ms}
+    record = {"provenance": {"gpu": "G"}, "results": [result("floor", "idle", 2.0), result("floor", "busy", 1.6),
+                                                       result("fused", "idle", 2.2), result("fused", "busy", 2.0)]}
+    assert measurements.small_call_rows(record) == [
+        {"gpu": "G", "shape": "2x4", "fused_idle": pytest.approx(1.1), "fused_busy": pytest.approx(1.25)}]
