@@ -498,6 +498,7 @@ def early_logits(hidden, weight, bias, kept_order) -> EarlyLogits:
 
 def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: EarlyLogits | None = None) -> Forward:
     plan = make_plan(hidden, weight.shape[0], counts, opts)
+    dropped_sums = None  # (2,) the dropped tokens' logit sums per half, where a logits GEMM gives them
     if statistics_in_gemm(hidden, weight, bias, counts, opts):  # no logits buffer at all
         call = new_call(hidden, weight, bias, counts, opts, plan, None)
         sums = ready = None
@@ -509,7 +510,14 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
         else:  # a single block (its x is read again in backward): the logits of its rows after the early ones
             buffer, rest, x = early.buffer, (early.rows, first_span[1]), None
             if rest[1] > rest[0]:
-                linear_into(buffer[rest[0]:rest[1]], block_rows(plan, rest, hidden), weight, bias)
+                rows = block_rows(plan, rest, hidden)
+                sum_rows = plan.dropped and rest[1] + DROPPED_SUM_ROWS <= len(buffer)
+                if sum_rows:  # the dropped tokens' logit sums, from the same GEMM (dropped_sum_rows)
+                    rows = torch.cat([rows, dropped_sum_rows(hidden, counts)])
+                linear_into(buffer[rest[0]:rest[0] + len(rows)], rows, weight, bias)
+                if sum_rows:
+                    dropped_sums = dropped_logit_sums_from(buffer[rest[1]:rest[1] + DROPPED_SUM_ROWS], bias, counts,
+                                                           hidden.shape)
             logits = buffer[:first_span[1]]
         # the first GEMM is queued: the GPU is busy while the host finishes the setup
         call = new_call(hidden, weight, bias, counts, opts, plan, buffer)
@@ -526,8 +534,12 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
     if not opts.needs_grad:  # with gradients, the chunk groups computed them pair by pair
         pair_terms(call.stats, counts, 0, hidden.shape[0] // 2, hidden.shape[1], opts.beta)
     logits_per_half = hidden.shape[0] // 2 * hidden.shape[1] * weight.shape[0]
-    terms = loss_terms(call.stats, counts, call_logit_sums(call.stats, counts, hidden, weight, bias, plan),
-                       logits_per_half, opts.compute_nll_loss)
+    logit_sums = call.stats.logit_sum.view(2, -1).sum(1)
+    if plan.dropped:
+        if dropped_sums is None:
+            dropped_sums = dropped_logit_sums(hidden, weight, bias, counts.kept_mask, call.stats.lse.dtype)
+        logit_sums = logit_sums + dropped_sums
+    terms = loss_terms(call.stats, counts, logit_sums, logits_per_half, opts.compute_nll_loss)
     if opts.single_block:  # the single block fills the buffer (up to its kept rows)
         return Forward(*terms, logit_grads=call.buffer[:plan.buffer_rows], row_tokens=plan.row_tokens)
     return Forward(*terms, sums=sums)
@@ -543,16 +555,49 @@ def loss_terms(stats: TokenStats, counts: TokenCounts, logit_sums, logits_per_ha
     return nll_loss + or_loss, nll_loss, or_loss, stats.seq_logp, stats.log_odds, logit_sums / logits_per_half
 
 
-def call_logit_sums(stats: TokenStats, counts: TokenCounts, hidden, weight, bias, plan: Plan):
-    """(2,) the sum of every logit of the chosen half and of the rejected half, dropped rows included."""
-    logit_sums = stats.logit_sum.view(2, -1).sum(1)
-    if plan.dropped:
-        logit_sums = logit_sums + dropped_logit_sums(hidden, weight, bias, counts.kept_mask, stats.lse.dtype)
-    return logit_sums
+# ---- the logits of dropped tokens, for the logit-mean metrics -------------------------------------
+# A dropped token's logits are needed only in their sum over the vocabulary, which is linear in its row of
+# hidden: the logits of a row holding the sum of a half's dropped rows sum to that half's dropped logits.
+# Appended to a single block's GEMM after the label counts (which the early rows' GEMM keeps the GPU busy
+# through), such rows cost no pass over W; summing W's rows reads all of W instead (0.37 ms at V=128256,
+# H=4096 on an H100, 4% of a 2×1024 step: host-gaps-2026-12-06-h100-b39e6cb.txt).
+
+DROPPED_SUM_ROWS = 4  # per half, the sum rounded to hidden's dtype, then what the rounding left out
+
+
+def dropped_sum_rows(hidden, counts: TokenCounts):
+    """(DROPPED_SUM_ROWS, H) in hidden's dtype: per half (chosen, rejected) the sum of its dropped rows of
+    hidden, in the statistics dtype, rounded to hidden's dtype; then what that rounding left out, so that the
+    rows' logits together keep the sum's precision."""
+    batch, seq, size = hidden.shape
+    half = batch // 2 * seq
+    # -1 marks a token a target ignores: both ids have the sign bit set exactly where no target needs the token
+    dropped = ((counts.target_ids & counts.nll_ids) < 0).view(2, 1, half).to(hidden.dtype)
+    rows = hidden.reshape(2, half, size)
+    sums = hidden.new_empty(2, size, dtype=stats_dtype(hidden.dtype))
+    for h in range(2):  # one GEMM per half, K = its tokens
+        mm_into(sums[h:h + 1], dropped[h], rows[h])
+    rounded = sums.to(hidden.dtype)
+    return torch.cat([rounded, (sums - rounded).to(hidden.dtype)])
+
+
+def dropped_logit_sums_from(sum_logits, bias, counts: TokenCounts, hidden_shape):
+    """(2,) the dropped tokens' logit sums per half, from the logits of ``dropped_sum_rows``: each of those
+    rows took the bias once, each dropped token takes it once."""
+    dtype = stats_dtype(sum_logits.dtype)
+    sums = sum_logits.sum(1, dtype=dtype).view(2, 2).sum(0)  # rounded part + rest, per half
+    if bias is None:
+        return sums
+    pairs, seq = hidden_shape[0] // 2, hidden_shape[1]
+    kept = counts.kept_per_seq
+    dropped = [pairs * seq - sum(kept[:pairs]), pairs * seq - sum(kept[pairs:])]
+    bias_sum = bias.sum(dtype=dtype)
+    return sums + torch.stack([bias_sum * (n - 2) for n in dropped])
 
 
 def dropped_logit_sums(hidden, weight, bias, kept_mask, dtype):
-    """Sum of the logits of the dropped rows, per half, without computing them: sum_v logits = h·sum_v W + sum(b)."""
+    """The dropped tokens' logit sums per half where no GEMM gives them (several blocks, no buffer, a vocabulary
+    shard): sum_v logits = h·sum_v W + sum(b), which reads all of W."""
     dropped = (~kept_mask).to(hidden.dtype)
     pairs = hidden.shape[0] // 2
     hidden_sums = torch.bmm(dropped.unsqueeze(1), hidden).view(2, pairs, -1).to(dtype).sum(1)

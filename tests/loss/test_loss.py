@@ -164,10 +164,31 @@ def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fr
     monkeypatch.setattr(fused, "read_counts", lambda *args: steps.append("read") or read(*args))
     monkeypatch.setattr(chunked, "new_token_stats", lambda *args: steps.append("allocate") or allocate(*args))
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
-    first = ["mm", "read", "mm"] if early_rows == 5 else ["mm", "read"]
+    first = ["mm", "read"]
+    if early_rows == 5:  # the rest, after the two GEMMs that sum the dropped tokens' rows (chunked.dropped_sum_rows)
+        first += ["mm", "mm", "mm"] if ignored_fraction else ["mm"]
     assert steps[:len(first) + 1] == first + ["allocate"] and steps.count("allocate") == 1, steps
     ref, ref_grads = reference_with_grads(problem)
     assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("early_rows, dropped", [(5, "many"), (1000, "many"), (5, "three")])
+def test_dropped_logit_sums_from_the_gemm_or_from_w(monkeypatch, early_rows, dropped):
+    """The logit means count the dropped tokens: from rows appended to a single block's GEMM after the early
+    rows, or from W's row sum where no GEMM follows them (every row early) or the buffer has no room for those
+    rows (fewer than four tokens dropped). With a bias, against the reference."""
+    if dropped == "many":
+        problem = make_problem(4, 9, 48, 517, ignored_fraction=0.4, with_bias=True, with_nll_target=True, seed=21)
+    else:
+        problem = make_problem(4, 9, 48, 517, ignored_fraction=0.0, with_bias=True, seed=21)
+        problem["target"][:3, 0] = -100
+    monkeypatch.setattr(schedule, "early_rows", lambda *args: early_rows)
+    from_w, row_sums = [], chunked.dropped_logit_sums
+    monkeypatch.setattr(chunked, "dropped_logit_sums", lambda *args: from_w.append(1) or row_sums(*args))
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+    assert len(from_w) == (0 if (early_rows, dropped) == (5, "many") else 1)
 
 
 def test_early_rows_are_about_0_4_ms_of_gemm_in_whole_tiles():
