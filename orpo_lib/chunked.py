@@ -496,6 +496,23 @@ def early_logits(hidden, weight, bias, kept_order) -> EarlyLogits:
     return EarlyLogits(buffer, rows)
 
 
+def finish_early_logits(early: EarlyLogits, plan: Plan, rows: int, hidden, weight, bias, counts: TokenCounts):
+    """The single block's ``rows`` logits, those after the early ones computed now; with dropped tokens also
+    their logit sums per half, from rows appended to the same GEMM (``dropped_sum_rows``), or None where no
+    GEMM follows the early rows or the buffer has no room for those rows."""
+    start, dropped_sums = early.rows, None
+    if rows > start:
+        x = block_rows(plan, (start, rows), hidden)
+        with_sums = plan.dropped and rows + DROPPED_SUM_ROWS <= len(early.buffer)
+        if with_sums:
+            x = torch.cat([x, dropped_sum_rows(hidden, counts)])
+        linear_into(early.buffer[start:start + len(x)], x, weight, bias)
+        if with_sums:
+            dropped_sums = dropped_logit_sums_from(early.buffer[rows:rows + DROPPED_SUM_ROWS], bias, counts,
+                                                   hidden.shape)
+    return early.buffer[:rows], dropped_sums
+
+
 def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: EarlyLogits | None = None) -> Forward:
     plan = make_plan(hidden, weight.shape[0], counts, opts)
     dropped_sums = None  # (2,) the dropped tokens' logit sums per half, where a logits GEMM gives them
@@ -507,18 +524,9 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
         if early is None:
             buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
             x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
-        else:  # a single block (its x is read again in backward): the logits of its rows after the early ones
-            buffer, rest, x = early.buffer, (early.rows, first_span[1]), None
-            if rest[1] > rest[0]:
-                rows = block_rows(plan, rest, hidden)
-                sum_rows = plan.dropped and rest[1] + DROPPED_SUM_ROWS <= len(buffer)
-                if sum_rows:  # the dropped tokens' logit sums, from the same GEMM (dropped_sum_rows)
-                    rows = torch.cat([rows, dropped_sum_rows(hidden, counts)])
-                linear_into(buffer[rest[0]:rest[0] + len(rows)], rows, weight, bias)
-                if sum_rows:
-                    dropped_sums = dropped_logit_sums_from(buffer[rest[1]:rest[1] + DROPPED_SUM_ROWS], bias, counts,
-                                                           hidden.shape)
-            logits = buffer[:first_span[1]]
+        else:  # a single block (its x is read again in backward)
+            buffer, x = early.buffer, None
+            logits, dropped_sums = finish_early_logits(early, plan, first_span[1], hidden, weight, bias, counts)
         # the first GEMM is queued: the GPU is busy while the host finishes the setup
         call = new_call(hidden, weight, bias, counts, opts, plan, buffer)
         sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
@@ -534,12 +542,7 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
     if not opts.needs_grad:  # with gradients, the chunk groups computed them pair by pair
         pair_terms(call.stats, counts, 0, hidden.shape[0] // 2, hidden.shape[1], opts.beta)
     logits_per_half = hidden.shape[0] // 2 * hidden.shape[1] * weight.shape[0]
-    logit_sums = call.stats.logit_sum.view(2, -1).sum(1)
-    if plan.dropped:
-        if dropped_sums is None:
-            dropped_sums = dropped_logit_sums(hidden, weight, bias, counts.kept_mask, call.stats.lse.dtype)
-        logit_sums = logit_sums + dropped_sums
-    terms = loss_terms(call.stats, counts, logit_sums, logits_per_half, opts.compute_nll_loss)
+    terms = loss_terms(call.stats, counts, call_logit_sums(call, dropped_sums), logits_per_half, opts.compute_nll_loss)
     if opts.single_block:  # the single block fills the buffer (up to its kept rows)
         return Forward(*terms, logit_grads=call.buffer[:plan.buffer_rows], row_tokens=plan.row_tokens)
     return Forward(*terms, sums=sums)
@@ -553,6 +556,18 @@ def loss_terms(stats: TokenStats, counts: TokenCounts, logit_sums, logits_per_ha
     else:
         nll_loss = torch.zeros((), device=stats.lse.device, dtype=stats.lse.dtype)
     return nll_loss + or_loss, nll_loss, or_loss, stats.seq_logp, stats.log_odds, logit_sums / logits_per_half
+
+
+def call_logit_sums(call: Call, dropped_sums) -> torch.Tensor:
+    """(2,) the sum of every logit of the chosen half and of the rejected half, dropped tokens included: theirs
+    are ``dropped_sums`` where a GEMM gave them, else from W's row sum."""
+    logit_sums = call.stats.logit_sum.view(2, -1).sum(1)
+    if not call.plan.dropped:
+        return logit_sums
+    if dropped_sums is None:
+        dropped_sums = dropped_logit_sums(call.hidden, call.weight, call.bias, call.counts.kept_mask,
+                                          call.stats.lse.dtype)
+    return logit_sums + dropped_sums
 
 
 # ---- the logits of dropped tokens, for the logit-mean metrics -------------------------------------
