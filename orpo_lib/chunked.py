@@ -572,9 +572,9 @@ def call_logit_sums(call: Call, dropped_sums) -> torch.Tensor:
 
 # ---- the logits of dropped tokens, for the logit-mean metrics -------------------------------------
 # A dropped token's logits are needed only in their sum over the vocabulary, which is linear in its row of
-# hidden: the logits of a row holding the sum of a half's dropped rows sum to that half's dropped logits.
-# Appended to a single block's GEMM after the label counts (which the early rows' GEMM keeps the GPU busy
-# through), such rows cost no pass over W; summing W's rows reads all of W instead (0.37 ms at V=128256,
+# hidden: the logits of a row holding the sum of a half's dropped rows sum to that half's dropped logits. A
+# single block appends such rows to the GEMM of its rows after the early ones, and forms them while the early
+# rows' GEMM runs: they cost no pass over W. Summing W's rows instead reads all of W (0.37 ms at V=128256,
 # H=4096 on an H100, 4% of a 2×1024 step: host-gaps-2026-12-06-h100-b39e6cb.txt).
 
 DROPPED_SUM_ROWS = 4  # per half, the sum rounded to hidden's dtype, then what the rounding left out
@@ -643,13 +643,13 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     result is scaled by a kernel): the GPU runs that GEMM while the host waits for g. Each gradient is
     rounded once, and G stays as it is for another backward.
     """
-    scale = copy_to_host(grad_loss) if grad_weight else None
+    scale_on_host = copy_to_host(grad_loss) if grad_weight else None
     dx = dw = db = None
     if grad_hidden:
         dx = scaled_dx(grad_loss, logit_grads, weight, row_tokens, hidden).view(hidden.shape)
     if grad_weight:
         x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
-        dw = _scaled_mm(logit_grads.t(), x, scale().item())
+        dw = _scaled_mm(logit_grads.t(), x, scale_on_host().item())
     if grad_bias:
         db = (logit_grads.sum(0, dtype=stats_dtype(hidden.dtype)) * grad_loss).to(hidden.dtype)
     return dx, dw, db

@@ -2,8 +2,8 @@
 
 import contextlib
 import math
-from collections.abc import Callable
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
