@@ -10,7 +10,9 @@ weight dtype), ``liger`` (Liger-Kernel's fused ORPO, when importable). Modes: ``
 (forward + backward), ``eval`` (forward under no_grad). Times are CUDA-event medians after
 warm-up, the providers' repetitions interleaved in a shuffled order, so that the GPU's clock drift
 weighs on all alike; memory is the peak allocated during the call, absolute and over what was
-allocated before.
+allocated before. Each timed call starts on an idle GPU, so the host's work before its first kernel
+counts; with ``--busy-gpu`` a stand-in for the model's GEMMs is queued first and the clock starts
+after it, so that the host runs ahead as in training.
 """
 
 import argparse
@@ -192,8 +194,10 @@ def liger_version():
 
 # ---- timing -----------------------------------------------------------------------------------------
 
-def _elapsed_ms(run, device) -> float:
-    """Milliseconds of one call; CUDA events on the GPU."""
+def _elapsed_ms(run, device, lead=None) -> float:
+    """Milliseconds of one call; CUDA events on the GPU, the start event after what ``lead`` queues."""
+    if lead is not None:
+        lead()
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -208,6 +212,14 @@ def _elapsed_ms(run, device) -> float:
 
 def _summary(times):
     return statistics.median(times), min(times), max(times), len(times)
+
+
+def stand_in_model(device):
+    """A function that queues about 1.5 ms of GEMM on an H100 (an 8192³ bf16 product), standing in for the
+    model's work ahead of the loss: timed after it, a call counts only the GPU's waits on the host that a
+    training step would see too."""
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    return lambda: torch.mm(a, a)
 
 
 def time_call(run, device, warmup=2, reps=10):
@@ -263,7 +275,7 @@ def _release(inputs, device):
         torch.cuda.empty_cache()
 
 
-def _measurement(result, make_run, w, inputs, device, warmup, reps):
+def _measurement(result, make_run, w, inputs, device, warmup, reps, lead):
     """One provider's measurement into ``result``, one step per ``next``: peak memory, warm-up, then
     each timed call."""
     make_run = make_run or PROVIDERS[result.provider]
@@ -281,7 +293,7 @@ def _measurement(result, make_run, w, inputs, device, warmup, reps):
     yield
     times = []
     for _ in range(reps):
-        times.append(_elapsed_ms(run, device))
+        times.append(_elapsed_ms(run, device, lead))
         yield
     result.median_ms, result.min_ms, result.max_ms, result.reps = _summary(times)
     gemms = 1 if result.mode != "full" else 3
@@ -304,18 +316,19 @@ def _step(result, steps, inputs, device) -> bool:
     return False
 
 
-def measure_interleaved(jobs, mode, w, inputs, device, *, warmup, reps) -> list:
+def measure_interleaved(jobs, mode, w, inputs, device, *, warmup, reps, lead=None) -> list:
     """Providers in one mode on the same inputs, one ``Result`` each; ``jobs`` holds (provider,
     chunk_size, make_run) triples, ``make_run`` None for ``PROVIDERS[provider]``.
 
     The providers take turns: the peak memory of each, the warm-up of each, then rep 1 of each, rep 2
     of each, ..., each round in a new (seeded) order. The GPU's clocks drift over a run and depend on
     what ran just before (power, heat): interleaved repetitions share the drift, and the changing
-    order gives no provider a fixed predecessor, so the ratios between providers hold steady.
+    order gives no provider a fixed predecessor, so the ratios between providers hold steady. ``lead``
+    (``stand_in_model``) queues work ahead of each timed call.
     """
     results = [Result(provider, mode, w.batch, w.seq, w.hidden, w.vocab, w.dtype, w.mask, chunk_size)
                for provider, chunk_size, _ in jobs]
-    pending = [(result, _measurement(result, make_run, w, inputs, device, warmup, reps))
+    pending = [(result, _measurement(result, make_run, w, inputs, device, warmup, reps, lead))
                for result, (_, _, make_run) in zip(results, jobs)]
     order = random.Random(0)
     try:
@@ -575,12 +588,14 @@ def parse_args(argv):
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--sweeps", default="", type=_sweep_list, help=",".join(SWEEPS))
     parser.add_argument("--sweep-shape", default=None, help="BxT of the sweeps (default 8x4096 on CUDA, 4x32 on CPU)")
+    parser.add_argument("--busy-gpu", action="store_true",
+                        help="queue a stand-in for the model's GEMMs before each timed call (CUDA only)")
     parser.add_argument("--out", default=None, help="JSON record (default figures/data/bench-<date>-<device>.json)")
     parser.add_argument("--commit", default=None)
     return parser.parse_args(argv)
 
 
-def run_workloads(workloads, providers, modes, device, *, warmup, reps) -> list:
+def run_workloads(workloads, providers, modes, device, *, warmup, reps, lead=None) -> list:
     """Every provider in every mode on each workload, interleaved per mode; one result dict each."""
     results = []
     for n, w in enumerate(workloads, 1):
@@ -595,7 +610,7 @@ def run_workloads(workloads, providers, modes, device, *, warmup, reps) -> list:
             # Liger does all its gradient work in forward, so its forward is its full step.
             jobs = [(p, fused_chunk_rows(p, None), None) for p in providers
                     if not (p in ("floor", "liger") and mode == "forward")]
-            for result in measure_interleaved(jobs, mode, w, inputs, device, warmup=warmup, reps=reps):
+            for result in measure_interleaved(jobs, mode, w, inputs, device, warmup=warmup, reps=reps, lead=lead):
                 by_job[result.provider, mode] = result
         results += [asdict(by_job[p, m]) for p in providers for m in modes if (p, m) in by_job]
         del inputs  # freed before the next workload's are made
@@ -643,6 +658,8 @@ def main(argv=None):
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
+    if args.busy_gpu and not on_gpu:
+        raise SystemExit("--busy-gpu needs a CUDA device")
     shapes = parse_shapes(args.shapes) if args.shapes else (SEED_SHAPES if on_gpu else CPU_SHAPES)
     hidden = args.hidden or (SEED_HIDDEN if on_gpu else CPU_HIDDEN)
     vocab = args.vocab or (SEED_VOCAB if on_gpu else CPU_VOCAB)
@@ -663,7 +680,7 @@ def main(argv=None):
     workloads = [Workload(*shape[:2], *(shape[2:] or (hidden, vocab)), dtype, mask)
                  for mask in masks for shape in shapes]
     record["results"] = run_workloads(workloads, providers, [m for m in args.modes.split(",") if m], device,
-                                      warmup=warmup, reps=reps)
+                                      warmup=warmup, reps=reps, lead=stand_in_model(device) if args.busy_gpu else None)
     b, t = parse_shapes(args.sweep_shape or ("8x4096" if on_gpu else "4x32"))[0]
     record["sweeps"] = run_sweeps(args.sweeps, Workload(b, t, hidden, vocab, dtype),
                                   device, warmup=warmup, reps=reps)

@@ -193,3 +193,23 @@ def test_trl_labels_and_their_floor(tmp_path):
     assert fused["mask"] == floor["mask"] == "trl"
     assert ratio["x_floor"] == fused["median_ms"] / floor["median_ms"]
     assert f"{ratio['x_floor']:.3f}" in bench.summary_table(record)
+
+
+def test_busy_gpu_queues_the_stand_in_before_each_timed_call(monkeypatch):
+    """With a lead (``--busy-gpu``: ``stand_in_model``), every timed call, and no other, comes right after it."""
+    calls = []
+
+    def logged(make_run):
+        def provider(w, inputs, mode):
+            run = make_run(w, inputs, mode)
+            return lambda: calls.append("call") or run()
+        return provider
+    monkeypatch.setitem(bench.PROVIDERS, "fused", logged(bench.PROVIDERS["fused"]))
+    w = bench.Workload(2, 4, 16, 50, "fp32")
+    inputs = bench.make_inputs(w, torch.device("cpu"))
+    (fused,) = bench.measure_interleaved([("fused", None, None)], "full", w, inputs, torch.device("cpu"),
+                                         warmup=1, reps=3, lead=lambda: calls.append("lead"))
+    assert fused.status == "ok" and fused.reps == 3
+    assert calls == ["call", "call"] + ["lead", "call"] * 3  # before the peak, warm-up, then the timed calls
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        bench.main(["--busy-gpu", "--providers", "floor", "--modes", "full"])
