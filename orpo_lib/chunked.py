@@ -639,31 +639,37 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     """One block: dX = g·G·W, dW = g·Gᵀ·X, dbias = g·Σ G, with G as forward left it.
 
     cuBLAS applies the upstream gradient g to dW as the GEMM's scale factor, which it takes from the host.
-    Its copy to the host is queued first, then the dX GEMM, which needs g only on the device (its float32
-    result is scaled by a kernel): the GPU runs that GEMM while the host waits for g. Each gradient is
-    rounded once, and G stays as it is for another backward.
+    Where the GEMMs are long enough (``schedule.overlaps_read_backs``), g's copy to the host is queued first,
+    then the dX GEMM, which needs g only on the device (its float32 result is scaled by a kernel): the GPU
+    runs that GEMM while the host waits for g. Otherwise g is read back first and scales both GEMMs. Each
+    gradient is rounded once, and G stays as it is for another backward.
     """
-    scale_on_host = copy_to_host(grad_loss) if grad_weight else None
+    batch, seq, size = hidden.shape
+    overlap = schedule.overlaps_read_backs(batch * seq, size, weight.shape[0])
+    copied = copy_to_host(grad_loss) if overlap and grad_weight else None  # waited for at the dW GEMM
+    scale = None if overlap else grad_loss.item()
     dx = dw = db = None
     if grad_hidden:
-        dx = scaled_dx(grad_loss, logit_grads, weight, row_tokens, hidden).view(hidden.shape)
+        if overlap:
+            unscaled = mm_into(logit_grads.new_empty(logit_grads.shape[0], size, dtype=grad_loss.dtype), logit_grads,
+                               weight)
+            rows = kernels.scale(unscaled, grad_loss, out=hidden.new_empty(unscaled.shape))
+        else:
+            rows = _scaled_mm(logit_grads, weight, scale)
+        dx = token_rows(rows, row_tokens, hidden).view(hidden.shape)
     if grad_weight:
         x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
-        dw = _scaled_mm(logit_grads.t(), x, scale_on_host().item())
+        dw = _scaled_mm(logit_grads.t(), x, copied().item() if overlap else scale)
     if grad_bias:
         db = (logit_grads.sum(0, dtype=stats_dtype(hidden.dtype)) * grad_loss).to(hidden.dtype)
     return dx, dw, db
 
 
-def scaled_dx(grad_loss, logit_grads, weight, row_tokens, hidden):
-    """(B*T, H) g·G·W in hidden's dtype: the GEMM in float32, scaled by g on the device and rounded once;
-    rows of dropped tokens 0."""
-    unscaled = mm_into(logit_grads.new_empty(logit_grads.shape[0], weight.shape[1], dtype=grad_loss.dtype),
-                       logit_grads, weight)
-    if row_tokens is None:  # every token's row, in token order
-        return kernels.scale(unscaled, grad_loss, out=hidden.new_empty(unscaled.shape))
-    dx = hidden.new_zeros(hidden.shape[0] * hidden.shape[1], hidden.shape[2])
-    return dx.index_copy_(0, row_tokens, kernels.scale(unscaled, grad_loss, out=hidden.new_empty(unscaled.shape)))
+def token_rows(rows, row_tokens, hidden):
+    """(B*T, H): the block's rows (in token order where ``row_tokens`` is None) at their tokens, 0 elsewhere."""
+    if row_tokens is None:
+        return rows
+    return hidden.new_zeros(hidden.shape[0] * hidden.shape[1], hidden.shape[2]).index_copy_(0, row_tokens, rows)
 
 
 def _scaled_mm(a, b, scale: float):

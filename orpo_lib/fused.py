@@ -41,12 +41,14 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     """loss, nll_loss, or_loss, seq_logp, log_odds, logits_means; dx, dw, db sums; logit_grads, row_tokens."""
     # A single block's rows may come in token order (any order serves one block), so that its first logits,
     # queued before the counts are read back, are the same rows whether or not some tokens are dropped.
+    overlap = single_block and schedule.overlaps_read_backs(hidden.shape[0] * hidden.shape[1], hidden.shape[2],
+                                                            weight.shape[0])
     check = check_labels(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss,
-                         pair_order=not single_block, copy_now=single_block)
+                         pair_order=not single_block, copy_now=overlap)
     opts = chunked.Options(beta, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
                            single_block)
     with on_device(hidden.device), torch.autocast(hidden.device.type, enabled=False):
-        early = chunked.early_logits(hidden, weight, bias, check.kept_order) if single_block else None
+        early = chunked.early_logits(hidden, weight, bias, check.kept_order) if overlap else None
         counts = read_counts(check)  # bad labels raise here, before any result exists
         out = chunked.forward(hidden, weight, bias, counts, opts, early)
     sums = out.sums or chunked.GradSums(None, None, None)

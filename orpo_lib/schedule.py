@@ -189,6 +189,14 @@ def early_rows(hidden_size: int, vocab: int) -> int:
     return -(-rows // 256) * 256
 
 
+def overlaps_read_backs(tokens: int, hidden_size: int, vocab: int) -> bool:
+    """Whether a single block of ``tokens`` rows queues GEMM work ahead of its two read-backs (the early rows'
+    logits, backward's dX GEMM): only where its logits GEMM is longer than the early rows'. A smaller call is
+    bound by the host, whose work the overlap adds to: 2×1024 at H=1024, V=32000 (0.55 ms of GEMMs) ran 4-8 %
+    slower with it (ab-busy-gpu-2026-12-06-h100-4747545.json)."""
+    return tokens > early_rows(hidden_size, vocab)
+
+
 def single_block(batch: int, seq: int, hidden_size: int, vocab: int, itemsize: int, *, chunk_size, fp32_weight_grad: bool,
                  grad_weight: bool) -> bool:
     """Whether every token row, counted or not, fits in one block of the gradient schedule.

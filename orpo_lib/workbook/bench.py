@@ -590,7 +590,8 @@ def parse_args(argv):
     parser.add_argument("--sweep-shape", default=None, help="BxT of the sweeps (default 8x4096 on CUDA, 4x32 on CPU)")
     parser.add_argument("--busy-gpu", action="store_true",
                         help="queue a stand-in for the model's GEMMs before each timed call (CUDA only)")
-    parser.add_argument("--out", default=None, help="JSON record (default figures/data/bench-<date>-<device>.json)")
+    parser.add_argument("--out", default=None,
+                        help="JSON record (default figures/data/bench-<date>-<device>.json, busy-gpu-... with --busy-gpu)")
     parser.add_argument("--commit", default=None)
     return parser.parse_args(argv)
 
@@ -684,8 +685,10 @@ def main(argv=None):
     b, t = parse_shapes(args.sweep_shape or ("8x4096" if on_gpu else "4x32"))[0]
     record["sweeps"] = run_sweeps(args.sweeps, Workload(b, t, hidden, vocab, dtype),
                                   device, warmup=warmup, reps=reps)
+    # a busy-GPU run is not a bench-* record: those are the seed table's, timed from an idle GPU
+    kind = "busy-gpu" if args.busy_gpu else "bench"
     out = Path(args.out) if args.out else Path("figures/data") / (
-        f"bench-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
+        f"{kind}-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
     write_json(out, record)
     print(summary_table(record))
     print(f"record: {out}")

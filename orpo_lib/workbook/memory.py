@@ -123,11 +123,11 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
     dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows}
     dx_gemm = {**dw_operand, "chunk_dx_rows": gathered_rows}  # the chunk's dX rows, before they go into dX
     if chunk.count == 1:
-        # One chunk: its dX and dW GEMMs wait for backward; dW is produced once, in the weight dtype, and
-        # dX first in float32 (scaled on the device by the upstream gradient).
+        # One chunk: its dX and dW GEMMs wait for backward; dW is produced once, in the weight dtype, and dX,
+        # where the call overlaps its read-backs, first in float32 (scaled on the device by the upstream gradient).
+        dx_fp32 = chunk.rows * hidden * FP32_BYTES if schedule.overlaps_read_backs(tokens, hidden, vocab) else 0
         return [
-            ("chunk dX GEMM", {**dx_gemm, "chunk_dx_fp32": chunk.rows * hidden * FP32_BYTES, "dx": dx,
-                               "token_state": token_state}),
+            ("chunk dX GEMM", {**dx_gemm, "chunk_dx_fp32": dx_fp32, "dx": dx, "token_state": token_state}),
             ("chunk dW GEMM", {**dw_operand, "dw": dw, "dx": dx, "token_state": token_state}),
         ]
     dw_accumulator = vocab * hidden * (FP32_BYTES if dw_fp32 else dtype_bytes)

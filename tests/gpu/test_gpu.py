@@ -33,6 +33,28 @@ def test_bf16_no_worse_than_baseline(shape, chunk_size, ignored_fraction):
         assert fused[name] <= max(1.5 * baseline[name], 1e-3), (name, fused, baseline)
 
 
+@pytest.mark.parametrize("ignored_fraction", [0.25, 0.0])
+def test_bf16_overlapped_single_block_no_worse_than_baseline(monkeypatch, ignored_fraction):
+    """A single block whose first 256 rows' logits run before the label counts come back and the rest after
+    (with the dropped tokens' sum rows), and whose backward scales dX on the device: bf16 errors against
+    float64, the logit means included, within 1.5× the materialising baseline's."""
+    from orpo_lib import schedule
+
+    monkeypatch.setattr(schedule, "early_rows", lambda *args: 256)
+    problem = make_problem(4, 256, 512, 32003, dtype=torch.bfloat16, device="cuda", with_bias=True,
+                           with_nll_target=True, logit_scale=4.0, seed=257, ignored_fraction=ignored_fraction)
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=0.75)
+    fused = errors(out, {k: g / 0.75 for k, g in grads.items()}, ref, ref_grads)
+    base_out, base_grads = run_with_grads(orpo_lib.orpo_loss_baseline, problem, upstream=0.75)
+    baseline = errors(base_out, {k: g / 0.75 for k, g in base_grads.items()}, ref, ref_grads)
+    for name in ("chosen_logits_mean", "rejected_logits_mean"):
+        fused[name] = abs(getattr(out, name).double().item() - ref[name].item())
+        baseline[name] = abs(getattr(base_out, name).double().item() - ref[name].item())
+    for name in fused:
+        assert fused[name] <= max(1.5 * baseline[name], 1e-3), (name, fused, baseline)
+
+
 @pytest.mark.parametrize("batch,ignored_fraction,labels", [
     (2, 0.0, "nll on the target"), (2, 0.25, "nll on the target"), (4, 0.25, "nll on the target"),
     (2, 0.0, "trl"), (4, 0.0, "trl"),  # the NLL on prompt and response, the odds ratio on the response

@@ -153,9 +153,10 @@ def test_every_token_kept_in_token_or_pair_order(batch, chunk_size, token_order)
 @pytest.mark.parametrize("ignored_fraction", [0.0, 0.25])
 @pytest.mark.parametrize("early_rows", [5, 10**6])
 def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fraction, early_rows):
-    """A single block's first logits GEMM (``schedule.early_rows`` rows, at most every row) is queued before
-    the label counts are read back, the rest of its rows after; the per-token outputs are allocated after
-    both. Dropped tokens or not, early rows past the kept ones or not, the result is the reference's."""
+    """A single block's first logits GEMM (``schedule.early_rows`` rows) is queued before the label counts
+    are read back, the rest of its rows after, where there are more rows than early ones
+    (``schedule.overlaps_read_backs``); otherwise the counts come first. The per-token outputs are allocated
+    after the GEMMs. Dropped tokens or not, the result is the reference's."""
     problem = make_problem(4, 7, 48, 517, ignored_fraction=ignored_fraction, seed=9)
     monkeypatch.setattr(schedule, "early_rows", lambda *args: early_rows)
     steps = []
@@ -164,9 +165,10 @@ def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fr
     monkeypatch.setattr(fused, "read_counts", lambda *args: steps.append("read") or read(*args))
     monkeypatch.setattr(chunked, "new_token_stats", lambda *args: steps.append("allocate") or allocate(*args))
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
-    first = ["mm", "read"]
-    if early_rows == 5:  # the rest, after the two GEMMs that sum the dropped tokens' rows (chunked.dropped_sum_rows)
-        first += ["mm", "mm", "mm"] if ignored_fraction else ["mm"]
+    if early_rows == 5:  # the rest after the read-back, after the two GEMMs that sum the dropped tokens' rows
+        first = ["mm", "read"] + (["mm", "mm", "mm"] if ignored_fraction else ["mm"])
+    else:  # every row would be early: a call bound by the host, which reads the counts back first
+        first = ["read", "mm"]
     assert steps[:len(first) + 1] == first + ["allocate"] and steps.count("allocate") == 1, steps
     ref, ref_grads = reference_with_grads(problem)
     assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
@@ -175,8 +177,8 @@ def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fr
 @pytest.mark.parametrize("early_rows, dropped", [(5, "many"), (1000, "many"), (5, "three")])
 def test_dropped_logit_sums_from_the_gemm_or_from_w(monkeypatch, early_rows, dropped):
     """The logit means count the dropped tokens: from rows appended to a single block's GEMM after the early
-    rows, or from W's row sum where no GEMM follows them (every row early) or the buffer has no room for those
-    rows (fewer than four tokens dropped). With a bias, against the reference."""
+    rows, or from W's row sum where there are no early rows (a call with no more rows than them) or the buffer
+    has no room for those rows (fewer than four tokens dropped). With a bias, against the reference."""
     if dropped == "many":
         problem = make_problem(4, 9, 48, 517, ignored_fraction=0.4, with_bias=True, with_nll_target=True, seed=21)
     else:
@@ -189,6 +191,32 @@ def test_dropped_logit_sums_from_the_gemm_or_from_w(monkeypatch, early_rows, dro
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
     assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
     assert len(from_w) == (0 if (early_rows, dropped) == (5, "many") else 1)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 6])  # one block, overlapped; several blocks (unaffected)
+def test_overlapped_single_block_matches_reference_again_and_again(monkeypatch, chunk_size):
+    """The overlapped single block (early rows, the counts' copy, backward's float32 dX scaled on the device)
+    with a bias, an NLL target, dropped tokens and an upstream gradient of 0.75 matches the reference, and a
+    second backward through the retained graph adds the same gradients again."""
+    monkeypatch.setattr(schedule, "early_rows", lambda *args: 7)
+    problem = make_problem(4, 9, 48, 517, ignored_fraction=0.3, with_bias=True, with_nll_target=True, seed=33)
+    ref, ref_grads = reference_with_grads(problem)
+    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=0.75, chunk_size=chunk_size)
+    assert_matches_reference(out, {k: g / 0.75 for k, g in grads.items()}, ref, ref_grads, TOLERANCE[torch.float32])
+    hidden = problem["hidden"].clone().requires_grad_()
+    loss = orpo_lib.fused_linear_orpo_loss(hidden, problem["weight"], problem["target"], problem["bias"],
+                                           nll_target=problem["nll_target"], chunk_size=chunk_size).loss
+    loss.backward(retain_graph=True)
+    once = hidden.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(hidden.grad, 2 * once, rtol=0, atol=0)
+
+
+def test_only_calls_longer_than_the_early_rows_overlap_their_read_backs():
+    rows = schedule.early_rows(4096, 128256)
+    assert schedule.overlaps_read_backs(rows + 1, 4096, 128256) and not schedule.overlaps_read_backs(rows, 4096, 128256)
+    assert not schedule.overlaps_read_backs(2048, 1024, 32000)  # 0.55 ms of GEMMs: bound by the host
+    assert schedule.overlaps_read_backs(2048, 4096, 128256)
 
 
 def test_early_rows_are_about_0_4_ms_of_gemm_in_whole_tiles():
