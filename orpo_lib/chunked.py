@@ -650,12 +650,7 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     scale = None if overlap else grad_loss.item()
     dx = dw = db = None
     if grad_hidden:
-        if overlap:
-            unscaled = mm_into(logit_grads.new_empty(logit_grads.shape[0], size, dtype=grad_loss.dtype), logit_grads,
-                               weight)
-            rows = kernels.scale(unscaled, grad_loss, out=hidden.new_empty(unscaled.shape))
-        else:
-            rows = _scaled_mm(logit_grads, weight, scale)
+        rows = scaled_on_device(grad_loss, logit_grads, weight) if overlap else _scaled_mm(logit_grads, weight, scale)
         dx = token_rows(rows, row_tokens, hidden).view(hidden.shape)
     if grad_weight:
         x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
@@ -663,6 +658,13 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     if grad_bias:
         db = (logit_grads.sum(0, dtype=stats_dtype(hidden.dtype)) * grad_loss).to(hidden.dtype)
     return dx, dw, db
+
+
+def scaled_on_device(grad_loss, a, b):
+    """g · (a @ b) in a's dtype: the GEMM in float32 (a temporary, freed on return), then scaled by g on the
+    device and rounded once."""
+    unscaled = mm_into(a.new_empty(a.shape[0], b.shape[1], dtype=grad_loss.dtype), a, b)
+    return kernels.scale(unscaled, grad_loss, out=a.new_empty(unscaled.shape))
 
 
 def token_rows(rows, row_tokens, hidden):
