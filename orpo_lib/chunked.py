@@ -27,14 +27,16 @@ for every block, then 3, then each block's logits again for 4 and 5.
 Without gradients on an H200 (``schedule.statistics_in_gemm``), steps 1 and 2 are one Gluon kernel
 (``kernels.gluon_row_stats``) that reduces each tile of logits inside the GEMM: there is no buffer.
 
-When every row fits in one block (``schedule.single_block``, decided from shapes), the logits of its first
-rows are queued before the label counts are read back (``early_logits``): the block's rows begin with
-them whatever the counts turn out to be, so the GPU works while the host reads the counts and plans.
+When every row fits in one block (``schedule.single_block``, decided from shapes) and there are more rows
+than ``schedule.early_rows`` (``schedule.overlaps_read_backs``), the logits of that many first rows are
+queued before the label counts are read back (``early_logits``): the block's rows begin with them whatever
+the counts turn out to be, so the GPU works while the host reads the counts and plans.
 
 ``forward`` returns the loss terms and what backward needs. With several blocks, that is the unscaled
 sums dX, dW and dbias, which ``backward`` multiplies by the upstream gradient into new tensors. With one
 block it is G itself: backward runs step 5, dW with the upstream gradient as the GEMM's scale factor and
-dX in float32 scaled on the device, so every gradient is rounded once. Either way the saved tensors are
+dX (where the block overlaps its read-backs) in float32 scaled on the device, so every gradient is rounded
+once. Either way the saved tensors are
 only read, so a second backward through a retained graph gives the same gradients again.
 """
 
