@@ -36,8 +36,8 @@ the counts turn out to be, so the GPU works while the host reads the counts and 
 sums dX, dW and dbias, which ``backward`` multiplies by the upstream gradient into new tensors. With one
 block it is G itself: backward runs step 5, dW with the upstream gradient as the GEMM's scale factor and
 dX (where the block overlaps its read-backs) in float32 scaled on the device, so every gradient is rounded
-once. Either way the saved tensors are
-only read, so a second backward through a retained graph gives the same gradients again.
+once. Either way the saved tensors are only read, so a second backward through a retained graph gives the
+same gradients again.
 """
 
 from dataclasses import dataclass
@@ -567,8 +567,7 @@ def call_logit_sums(call: Call, dropped_sums) -> torch.Tensor:
     if not call.plan.dropped:
         return logit_sums
     if dropped_sums is None:
-        dropped_sums = dropped_logit_sums(call.hidden, call.weight, call.bias, call.counts.kept_mask,
-                                          call.stats.lse.dtype)
+        dropped_sums = dropped_logit_sums(call.hidden, call.weight, call.bias, call.counts.kept_mask)
     return logit_sums + dropped_sums
 
 
@@ -582,18 +581,23 @@ def call_logit_sums(call: Call, dropped_sums) -> torch.Tensor:
 DROPPED_SUM_ROWS = 4  # per half, the sum rounded to hidden's dtype, then what the rounding left out
 
 
-def dropped_sum_rows(hidden, counts: TokenCounts):
-    """(DROPPED_SUM_ROWS, H) in hidden's dtype: per half (chosen, rejected) the sum of its dropped rows of
-    hidden, in the statistics dtype, rounded to hidden's dtype; then what that rounding left out, so that the
-    rows' logits together keep the sum's precision."""
+def dropped_row_sums(hidden, kept_mask):
+    """(2, H) in the statistics dtype: per half (chosen, rejected) the sum of its rows of hidden whose tokens no
+    target needs, one GEMM per half summing in float32."""
     batch, seq, size = hidden.shape
     half = batch // 2 * seq
-    # -1 marks a token a target ignores: both ids have the sign bit set exactly where no target needs the token
-    dropped = ((counts.target_ids & counts.nll_ids) < 0).view(2, 1, half).to(hidden.dtype)
+    dropped = (~kept_mask).view(2, 1, half).to(hidden.dtype)
     rows = hidden.reshape(2, half, size)
     sums = hidden.new_empty(2, size, dtype=stats_dtype(hidden.dtype))
-    for h in range(2):  # one GEMM per half, K = its tokens
+    for h in range(2):
         mm_into(sums[h:h + 1], dropped[h], rows[h])
+    return sums
+
+
+def dropped_sum_rows(hidden, counts: TokenCounts):
+    """(DROPPED_SUM_ROWS, H) in hidden's dtype: ``dropped_row_sums`` rounded to hidden's dtype, then what that
+    rounding left out, so that the rows' logits together keep the sums' precision."""
+    sums = dropped_row_sums(hidden, counts.kept_mask)
     rounded = sums.to(hidden.dtype)
     return torch.cat([rounded, (sums - rounded).to(hidden.dtype)])
 
@@ -612,15 +616,13 @@ def dropped_logit_sums_from(sum_logits, bias, counts: TokenCounts, hidden_shape)
     return sums + torch.stack([bias_sum * (n - 2) for n in dropped])
 
 
-def dropped_logit_sums(hidden, weight, bias, kept_mask, dtype):
+def dropped_logit_sums(hidden, weight, bias, kept_mask):
     """The dropped tokens' logit sums per half where no GEMM gives them (several blocks, no buffer, a vocabulary
     shard): sum_v logits = h·sum_v W + sum(b), which reads all of W."""
-    dropped = (~kept_mask).to(hidden.dtype)
-    pairs = hidden.shape[0] // 2
-    hidden_sums = torch.bmm(dropped.unsqueeze(1), hidden).view(2, pairs, -1).to(dtype).sum(1)
-    sums = hidden_sums @ weight.sum(0, dtype=dtype)
+    dtype = stats_dtype(hidden.dtype)
+    sums = dropped_row_sums(hidden, kept_mask) @ weight.sum(0, dtype=dtype)
     if bias is not None:
-        sums = sums + dropped.view(2, -1).to(dtype).sum(1) * bias.sum(dtype=dtype)
+        sums = sums + (~kept_mask).view(2, -1).sum(1).to(dtype) * bias.sum(dtype=dtype)
     return sums
 
 

@@ -130,7 +130,7 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     logit_sums = stats.logit_sum.view(2, -1).sum(1)
     if dropped:  # the dropped rows' logits of this shard, summed without computing them
         logit_sums = logit_sums + _rank_order_sum(
-            chunked.dropped_logit_sums(hidden, weight, None, counts.kept_mask, stats.lse.dtype), group)
+            chunked.dropped_logit_sums(hidden, weight, None, counts.kept_mask), group)
     terms = chunked.loss_terms(stats, counts, logit_sums, batch // 2 * seq * vocab, compute_nll_loss)
     return terms, dx, dw
 
