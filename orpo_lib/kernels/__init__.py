@@ -2,7 +2,8 @@
 
 * ``labels`` — ``label_stats_kernel``: checks the labels, counts each sequence's tokens (and what keeps
   its pair from one pass), writes the int32 target ids; then ``kept_row_order_kernel``: the kept tokens'
-  indices in pair order (one program per sequence each, before any GEMM and before the read-back).
+  indices in pair order, or token order for a single block (one program per sequence each, before any GEMM
+  and before the read-back).
 * ``row_stats`` — ``row_stats_kernel``: a chunk's log-sum-exp, target log-probs and logit sums
   (one program per row, one read of the logits).
 * ``pair_terms`` — ``pair_terms_kernel``: each pair's odds ratio and every token's dL/dlogp
