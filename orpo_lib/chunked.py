@@ -13,6 +13,8 @@ How one block of C token rows is processed (G is dL/dlogits, P the softmax, X th
 5. ``dX = G @ W`` and ``dW += G.T @ X``: the GEMMs see the gradient exactly as the materialising
    baseline would, rounded once to the input dtype.
 
+After the last block, ``call_terms_kernel`` forms the loss and the metrics vector in one launch.
+
 A pair longer than a chunk is split into blocks (``schedule.plan_passes`` decides how). In one pass,
 where every token the odds ratio counts has its target id as NLL id (or there is no NLL term), G = c·U
 on each sequence's response rows, with U = d log p(y) / dlogits = onehot(y) - P and one coefficient c
@@ -466,14 +468,11 @@ def add_pair_dx(dx, dx_rows, scales, call: Call, group) -> None:
 
 @dataclass(frozen=True)
 class Forward:
-    """The loss terms, and what backward needs (``sums`` with several blocks, ``logit_grads`` with one)."""
+    """The loss and metrics, and what backward needs (``sums`` with several blocks, ``logit_grads`` with one)."""
 
     loss: torch.Tensor  # 0-d, in the statistics dtype
-    nll_loss: torch.Tensor
-    or_loss: torch.Tensor
+    metrics: torch.Tensor  # output.METRICS, then the chosen and the rejected rewards (kernels.call_terms)
     seq_logp: torch.Tensor  # (B,) chosen sequences, then rejected ones
-    log_odds: torch.Tensor  # (B/2,) float64
-    logits_means: torch.Tensor  # (2,) mean logit of the chosen half and of the rejected half
     sums: GradSums | None = None
     logit_grads: torch.Tensor | None = None  # (kept, V) G of the single block
     row_tokens: torch.Tensor | None = None  # (kept,) its rows' token indices; None in token order
@@ -543,32 +542,22 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
         ready = None
     if not opts.needs_grad:  # with gradients, the chunk groups computed them pair by pair
         pair_terms(call.stats, counts, 0, hidden.shape[0] // 2, hidden.shape[1], opts.beta)
-    logits_per_half = hidden.shape[0] // 2 * hidden.shape[1] * weight.shape[0]
-    terms = loss_terms(call.stats, counts, call_logit_sums(call, dropped_sums), logits_per_half, opts.compute_nll_loss)
+    if plan.dropped and dropped_sums is None:
+        dropped_sums = dropped_logit_sums(hidden, weight, bias, counts.kept_mask)
+    loss, metrics = call_terms(call.stats, counts, dropped_sums, weight.shape[0], opts.beta, opts.compute_nll_loss)
     if opts.single_block:  # the single block fills the buffer (up to its kept rows)
-        return Forward(*terms, logit_grads=call.buffer[:plan.buffer_rows], row_tokens=plan.row_tokens)
-    return Forward(*terms, sums=sums)
+        return Forward(loss, metrics, call.stats.seq_logp, logit_grads=call.buffer[:plan.buffer_rows],
+                       row_tokens=plan.row_tokens)
+    return Forward(loss, metrics, call.stats.seq_logp, sums=sums)
 
 
-def loss_terms(stats: TokenStats, counts: TokenCounts, logit_sums, logits_per_half: int, compute_nll_loss: bool):
-    """loss, nll_loss, or_loss, seq_logp, log_odds and the two halves' mean logits (from their logit sums)."""
-    or_loss = stats.pair_loss.mean().to(stats.lse.dtype)
-    if compute_nll_loss:
-        nll_loss = -stats.nll_logp.sum() / counts.nll_tokens
-    else:
-        nll_loss = torch.zeros((), device=stats.lse.device, dtype=stats.lse.dtype)
-    return nll_loss + or_loss, nll_loss, or_loss, stats.seq_logp, stats.log_odds, logit_sums / logits_per_half
-
-
-def call_logit_sums(call: Call, dropped_sums) -> torch.Tensor:
-    """(2,) the sum of every logit of the chosen half and of the rejected half, dropped tokens included: theirs
-    are ``dropped_sums`` where a GEMM gave them, else from W's row sum."""
-    logit_sums = call.stats.logit_sum.view(2, -1).sum(1)
-    if not call.plan.dropped:
-        return logit_sums
-    if dropped_sums is None:
-        dropped_sums = dropped_logit_sums(call.hidden, call.weight, call.bias, call.counts.kept_mask)
-    return logit_sums + dropped_sums
+def call_terms(stats: TokenStats, counts: TokenCounts, dropped_sums, vocab: int, beta: float,
+               compute_nll_loss: bool) -> tuple:
+    """The loss and the metrics vector (kernels.call_terms). ``dropped_sums``: (2,) the dropped tokens' logit
+    sums per half, which the mean logits count too (None: no token dropped)."""
+    return kernels.call_terms(stats.pair_loss, stats.log_odds, stats.seq_logp, stats.nll_logp, stats.logit_sum,
+                              dropped_sums, nll_tokens=counts.nll_tokens, vocab=vocab, beta=beta,
+                              compute_nll=compute_nll_loss)
 
 
 # ---- the logits of dropped tokens, for the logit-mean metrics -------------------------------------

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from . import chunked, schedule
-from .output import ORPOOutput, orpo_output
+from .output import METRICS, ORPOOutput, output_from_metrics
 from .validation import check_arguments, check_labels, check_options, on_device, read_counts
 
 
@@ -36,9 +36,8 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
              nll_target: Optional[torch.Tensor], beta: float, ignore_index: int, compute_nll_loss: bool,
              chunk_size: Optional[int], fp32_weight_grad: bool, grad_hidden: bool, grad_weight: bool,
              grad_bias: bool, single_block: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                            torch.Tensor, torch.Tensor, torch.Tensor]:
-    """loss, nll_loss, or_loss, seq_logp, log_odds, logits_means; dx, dw, db sums; logit_grads, row_tokens."""
+                                                            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """loss, metrics (output.METRICS, then the rewards), seq_logp; dx, dw, db sums; logit_grads, row_tokens."""
     # A single block's rows may come in token order (any order serves one block), so that its first logits,
     # queued before the counts are read back, are the same rows whether or not some tokens are dropped.
     overlap = single_block and schedule.overlaps_read_backs(hidden.shape[0] * hidden.shape[1], hidden.shape[2],
@@ -54,7 +53,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     sums = out.sums or chunked.GradSums(None, None, None)
     saved = [_empty(hidden) if t is None else t for t in (sums.dx, sums.dw, sums.db, out.logit_grads)]
     row_tokens = target.new_empty(0, dtype=torch.int64) if out.row_tokens is None else out.row_tokens
-    return (out.loss, out.nll_loss, out.or_loss, out.seq_logp, out.log_odds, out.logits_means, *saved, row_tokens)
+    return (out.loss, out.metrics, out.seq_logp, *saved, row_tokens)
 
 
 _forward_op = torch.library.custom_op(f"{_OPS}::fused_linear_orpo_forward", _forward, mutates_args=())
@@ -66,9 +65,8 @@ def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, 
     batch, seq, size = hidden.shape
     vocab = weight.shape[0]
     acc = chunked.stats_dtype(hidden.dtype)
-    scalar = hidden.new_empty((), dtype=acc)
-    terms = (scalar, scalar.clone(), scalar.clone(), hidden.new_empty(batch, dtype=acc),
-             hidden.new_empty(batch // 2, dtype=torch.float64), hidden.new_empty(2, dtype=acc))
+    terms = (hidden.new_empty((), dtype=acc), hidden.new_empty(len(METRICS) + batch, dtype=acc),
+             hidden.new_empty(batch, dtype=acc))
     dx, dw, db, logit_grads = (_empty(hidden) for _ in range(4))
     row_tokens = target.new_empty(0, dtype=torch.int64)
     if single_block:
@@ -133,7 +131,7 @@ class _FusedLinearORPO(torch.autograd.Function):
         forward = _forward_op if _traced(hidden, weight, bias, target, nll_target) else _forward
         out = forward(*args)
         ctx.grad_flags = args[10:14]  # grad_hidden, grad_weight, grad_bias, single_block
-        ctx.save_for_backward(hidden, weight, *out[6:])
+        ctx.save_for_backward(hidden, weight, *out[3:])
         # Only the loss has a gradient. The saved state is returned too, because a compiled graph must
         # return the unbacked sizes of a single block's gradient.
         ctx.mark_non_differentiable(*out[1:])
@@ -178,13 +176,11 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignor
     single_block = (grad_hidden or grad_weight or grad_bias) and schedule.single_block(
         batch, seq, size, weight.shape[0], hidden.element_size(), chunk_size=chunk_size,
         fp32_weight_grad=fp32_weight_grad, grad_weight=grad_weight)
-    loss, nll_loss, or_loss, seq_logp, log_odds, logits_means, *_saved = _FusedLinearORPO.apply(
+    loss, metrics, seq_logp, *_saved = _FusedLinearORPO.apply(
         hidden, weight, bias, target, nll_target, float(beta), int(ignore_index), compute_nll_loss,
         None if chunk_size is None else int(chunk_size), fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
         single_block)
-    pairs = batch // 2
-    return orpo_output(loss, nll_loss, or_loss, seq_logp[:pairs], seq_logp[pairs:], log_odds, beta=float(beta),
-                       chosen_logits_mean=logits_means[0], rejected_logits_mean=logits_means[1])
+    return output_from_metrics(loss, metrics, seq_logp)
 
 
 def _autocast_inputs(hidden, weight, bias):

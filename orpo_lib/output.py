@@ -31,6 +31,21 @@ class ORPOOutput:
         return out
 
 
+# The scalar metrics in the order of the fused loss's metrics vector (kernels.call_terms), which holds the chosen
+# rewards and then the rejected ones after them.
+METRICS = ("nll_loss", "or_loss", "log_odds_ratio", "log_odds_chosen", "reward_accuracy", "reward_margin",
+           "chosen_logits_mean", "rejected_logits_mean")
+
+
+def output_from_metrics(loss, metrics, seq_logp) -> ORPOOutput:
+    """The output of the fused loss: ``metrics`` (METRICS, then the rewards) and ``seq_logp`` (the chosen
+    sequences', then the rejected ones') already formed on the device, as views of those two tensors."""
+    pairs, scalars = seq_logp.shape[0] // 2, len(METRICS)
+    return ORPOOutput(loss=loss, chosen_logps=seq_logp[:pairs], rejected_logps=seq_logp[pairs:],
+                      chosen_rewards=metrics[scalars:scalars + pairs], rejected_rewards=metrics[scalars + pairs:],
+                      **dict(zip(METRICS, metrics[:scalars].unbind())))
+
+
 def orpo_output(loss, nll_loss, or_loss, chosen_logps, rejected_logps, log_odds, *, beta,
                 chosen_logits_mean, rejected_logits_mean) -> ORPOOutput:
     """Assemble the output from the per-pair quantities; metrics are detached, in the loss's dtype."""

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import chunked, schedule
-from .output import ORPOOutput, orpo_output
+from .output import ORPOOutput, output_from_metrics
 from .validation import check_arguments, check_options, count_tokens, on_device
 
 
@@ -127,12 +127,11 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
             if grad_weight:
                 chunked.accumulate_mm(dw, b.logits.t(), b.x)
     dx = dx.view(hidden.shape) if grad_hidden else None
-    logit_sums = stats.logit_sum.view(2, -1).sum(1)
+    dropped_sums = None
     if dropped:  # the dropped rows' logits of this shard, summed without computing them
-        logit_sums = logit_sums + _rank_order_sum(
-            chunked.dropped_logit_sums(hidden, weight, None, counts.kept_mask), group)
-    terms = chunked.loss_terms(stats, counts, logit_sums, batch // 2 * seq * vocab, compute_nll_loss)
-    return terms, dx, dw
+        dropped_sums = _rank_order_sum(chunked.dropped_logit_sums(hidden, weight, None, counts.kept_mask), group)
+    loss, metrics = chunked.call_terms(stats, counts, dropped_sums, vocab, beta, compute_nll_loss)
+    return (loss, metrics, stats.seq_logp), dx, dw
 
 
 class _VocabParallelORPO(torch.autograd.Function):
@@ -176,8 +175,4 @@ def vocab_parallel_orpo_loss(hidden, weight_shard, target, *, process_group=None
     grad_on = torch.is_grad_enabled()  # (inside the Function's forward it is off)
     options = (group, float(beta), int(ignore_index), compute_nll_loss, chunk_size, grad_on and hidden.requires_grad,
                grad_on and weight_shard.requires_grad)
-    loss, nll_loss, or_loss, seq_logp, log_odds, logits_means = _VocabParallelORPO.apply(
-        hidden, weight_shard, target, nll_target, options)
-    pairs = hidden.shape[0] // 2
-    return orpo_output(loss, nll_loss, or_loss, seq_logp[:pairs], seq_logp[pairs:], log_odds, beta=float(beta),
-                       chosen_logits_mean=logits_means[0], rejected_logits_mean=logits_means[1])
+    return output_from_metrics(*_VocabParallelORPO.apply(hidden, weight_shard, target, nll_target, options))

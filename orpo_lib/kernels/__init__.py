@@ -1,13 +1,12 @@
 """The Triton kernels of the chunked loss, one module per role, in the order a call runs them:
 
 * ``labels`` — ``label_stats_kernel``: checks the labels, counts each sequence's tokens (and what keeps
-  its pair from one pass), writes the int32 target ids; then ``kept_row_order_kernel``: the kept tokens'
-  indices in pair order, or token order for a single block (one program per sequence each, before any GEMM
-  and before the read-back).
+  its pair from one pass), writes the int32 target ids and the kept tokens' indices in pair order, or token
+  order for a single block (one program per sequence, before any GEMM and before the read-back).
 * ``row_stats`` — ``row_stats_kernel``: a chunk's log-sum-exp, target log-probs and logit sums
   (one program per row, one read of the logits).
 * ``pair_terms`` — ``pair_terms_kernel``: each pair's odds ratio and every token's dL/dlogp
-  (one program per pair).
+  (one program per pair); ``call_terms_kernel``: the loss and the metrics, at the end (one program).
 * ``row_grads`` — ``row_grads_kernel``: the chunk rewritten in place into dL/dlogits (one program
   per row, one read and one write); in the one-pass schedule a response row into d log p / dlogits,
   not yet scaled.
@@ -26,11 +25,11 @@ Each module pairs its ``@triton.jit`` kernel with a host function that checks sh
 
 from .labels import LABEL_STATS, label_stats
 from .pair_sums import pair_sum
-from .pair_terms import pair_terms
+from .pair_terms import call_terms, pair_terms
 from .row_grads import GRADS_LAUNCH, row_grads, row_logp_grads
 from .row_layout import RowLaunch
 from .row_stats import STATS_LAUNCH, row_stats
 from .scaling import scale
 
-__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "label_stats", "pair_sum", "pair_terms", "row_grads",
+__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "call_terms", "label_stats", "pair_sum", "pair_terms", "row_grads",
            "row_logp_grads", "row_stats", "scale"]

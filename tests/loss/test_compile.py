@@ -93,5 +93,5 @@ def test_the_ops_pass_opcheck():
     checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(ops.fused_linear_orpo_forward, args, test_utils=checks)
     out = ops.fused_linear_orpo_forward(*args)
-    backward_args = (torch.tensor(0.5), problem["hidden"], problem["weight"], *out[6:], True, True, True, False)
+    backward_args = (torch.tensor(0.5), problem["hidden"], problem["weight"], *out[3:], True, True, True, False)
     torch.library.opcheck(ops.fused_linear_orpo_backward, backward_args, test_utils=checks)

@@ -7,7 +7,8 @@ import torch
 
 from orpo_lib import kernels
 from orpo_lib.pairs import odds_ratio_terms
-from orpo_lib.kernels import LABEL_STATS, label_stats, pair_terms
+from orpo_lib.kernels import LABEL_STATS, call_terms, label_stats, pair_terms
+from orpo_lib.output import METRICS, orpo_output
 
 
 @pytest.mark.parametrize("beta", [0.1, 0.25, 3.0])
@@ -44,6 +45,44 @@ def test_pair_terms_match_odds_ratio_terms(beta):
     assert torch.isfinite(seq_coef).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dropped", [False, True])
+@pytest.mark.parametrize("compute_nll", [True, False])
+def test_call_terms_match_the_torch_output(dtype, dropped, compute_nll):
+    """The loss and every metric from one launch against ``orpo_output`` and the torch sums it replaces: three
+    pairs (not a power of 2), a reward tie, and halves longer than one block of tokens."""
+    pairs, seq, vocab, beta = 3, 700, 517, 0.25
+    gen = torch.Generator().manual_seed(6)
+    seq_logp = -torch.rand(2 * pairs, generator=gen, dtype=dtype) * 3
+    seq_logp[pairs + 1] = seq_logp[1]  # equal rewards count as not won
+    log_odds = torch.randn(pairs, generator=gen, dtype=torch.float64) * 4
+    pair_loss = -beta * torch.nn.functional.logsigmoid(log_odds)
+    nll_logp = -torch.rand(2 * pairs * seq, generator=gen, dtype=dtype) * 5
+    nll_logp[pairs * seq:] = 0.0  # the rejected half has no NLL tokens
+    logit_sum = 20 + torch.randn(2 * pairs * seq, generator=gen, dtype=dtype) * 5  # of one sign: no cancellation
+    dropped_sums = torch.randn(2, generator=gen, dtype=dtype) * 100 if dropped else None
+    nll_tokens = 1234
+
+    loss, metrics = call_terms(pair_loss, log_odds, seq_logp, nll_logp, logit_sum, dropped_sums,
+                               nll_tokens=nll_tokens, vocab=vocab, beta=beta, compute_nll=compute_nll)
+
+    nll_loss = -nll_logp.sum() / nll_tokens if compute_nll else torch.zeros((), dtype=dtype)
+    or_loss = pair_loss.mean().to(dtype)
+    logit_sums = logit_sum.view(2, -1).sum(1) + (0 if dropped_sums is None else dropped_sums)
+    means = logit_sums / (pairs * seq * vocab)
+    want = orpo_output(nll_loss + or_loss, nll_loss, or_loss, seq_logp[:pairs], seq_logp[pairs:], log_odds, beta=beta,
+                       chosen_logits_mean=means[0], rejected_logits_mean=means[1])
+    rtol = 1e-5 if dtype == torch.float32 else 1e-13  # (sums of 2100 numbers, in another order)
+    assert loss.dtype == metrics.dtype == dtype and loss.shape == () and metrics.shape == (len(METRICS) + 2 * pairs,)
+    torch.testing.assert_close(loss, want.loss, rtol=rtol, atol=0)
+    for i, name in enumerate(METRICS):
+        torch.testing.assert_close(metrics[i], getattr(want, name), rtol=rtol, atol=0, msg=name)
+    torch.testing.assert_close(metrics[len(METRICS):], torch.cat([want.chosen_rewards, want.rejected_rewards]),
+                               rtol=rtol, atol=0)
+    assert metrics[METRICS.index("reward_accuracy")] * pairs == sum(
+        float(a > b) for a, b in zip(want.chosen_rewards, want.rejected_rewards))
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
 @pytest.mark.parametrize("compute_nll", [True, False])
 def test_label_stats_match_torch_counts(dtype, compute_nll):
@@ -57,7 +96,7 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
     nll_target = torch.roll(target, 1, dims=1)
     nll_target[0] = target[0]  # a chosen sequence whose NLL ids are its target ids: no mismatch
 
-    target_ids, nll_ids, stats, kept_order = label_stats(target, nll_target, vocab, ignore, compute_nll)
+    target_ids, nll_ids, stats, kept_order = poisoned_label_stats(target, nll_target, vocab, ignore, compute_nll)
 
     target_valid = target.long() != ignore
     nll_valid = (nll_target.long() != ignore) & compute_nll
@@ -77,9 +116,17 @@ def test_label_stats_match_torch_counts(dtype, compute_nll):
         assert stats[:, column].tolist() == want[name].tolist(), name
     blockers = stats[:, LABEL_STATS.index("one_pass_blockers")]
     assert blockers[0] == 0 and bool((blockers[1:batch // 2] > 0).all()) == compute_nll
-    # (an out-of-range id counts as kept above, for the error message, but has no row: its id is negative)
-    in_range = kept_pair_order((target_ids >= 0) | (nll_ids >= 0))
-    assert kept_order.tolist()[:len(in_range)] == in_range
+    # every kept token has a row, one with an out-of-range id too (the call raises before using it)
+    kept = kept_pair_order(target_valid | nll_valid)
+    assert kept_order.tolist() == kept + [0] * (batch * seq - len(kept))
+
+
+def poisoned_label_stats(*args, **kwargs):
+    """``label_stats`` with its outputs allocated full of -7, so that an entry the kernel does not write shows."""
+    empty = torch.empty
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "empty", lambda *shape, **kw: empty(*shape, **kw).fill_(-7))
+        return label_stats(*args, **kwargs)
 
 
 def kept_pair_order(kept):
@@ -101,7 +148,7 @@ def test_kept_row_order(batch, seq, pair_order):
     nll_target = torch.randint(0, 30, (batch, seq), generator=gen)
     nll_target[torch.rand(batch, seq, generator=gen) < 0.5] = -100
     target[batch // 2] = -100  # a rejected sequence with nothing kept
-    _, _, stats, kept_order = label_stats(target, nll_target, 30, -100, True, pair_order=pair_order)
+    _, _, stats, kept_order = poisoned_label_stats(target, nll_target, 30, -100, True, pair_order=pair_order)
     kept = (target != -100) | ((nll_target != -100) & (torch.arange(batch) < batch // 2)[:, None])
     n = int(kept.sum())
     assert int(stats[:, 1].sum()) == n
