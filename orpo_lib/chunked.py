@@ -543,7 +543,7 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
     if not opts.needs_grad:  # with gradients, the chunk groups computed them pair by pair
         pair_terms(call.stats, counts, 0, hidden.shape[0] // 2, hidden.shape[1], opts.beta)
     if plan.dropped and dropped_sums is None:
-        dropped_sums = dropped_logit_sums(hidden, weight, bias, counts.kept_mask)
+        dropped_sums = dropped_logit_sums(hidden, weight, bias, counts)
     loss, metrics = call_terms(call.stats, counts, dropped_sums, weight.shape[0], opts.beta, opts.compute_nll_loss)
     if opts.single_block:  # the single block fills the buffer (up to its kept rows)
         return Forward(loss, metrics, call.stats.seq_logp, logit_grads=call.buffer[:plan.buffer_rows],
@@ -570,49 +570,36 @@ def call_terms(stats: TokenStats, counts: TokenCounts, dropped_sums, vocab: int,
 DROPPED_SUM_ROWS = 4  # per half, the sum rounded to hidden's dtype, then what the rounding left out
 
 
-def dropped_row_sums(hidden, kept_mask):
-    """(2, H) in the statistics dtype: per half (chosen, rejected) the sum of its rows of hidden whose tokens no
-    target needs, one GEMM per half summing in float32."""
-    batch, seq, size = hidden.shape
-    half = batch // 2 * seq
-    dropped = (~kept_mask).view(2, 1, half).to(hidden.dtype)
-    rows = hidden.reshape(2, half, size)
-    sums = hidden.new_empty(2, size, dtype=stats_dtype(hidden.dtype))
-    for h in range(2):
-        mm_into(sums[h:h + 1], dropped[h], rows[h])
-    return sums
-
-
 def dropped_sum_rows(hidden, counts: TokenCounts):
-    """(DROPPED_SUM_ROWS, H) in hidden's dtype: ``dropped_row_sums`` rounded to hidden's dtype, then what that
-    rounding left out, so that the rows' logits together keep the sums' precision."""
-    sums = dropped_row_sums(hidden, counts.kept_mask)
+    """(DROPPED_SUM_ROWS, H) in hidden's dtype: the per-half sums of the dropped rows (kernels.dropped_row_sums)
+    rounded to hidden's dtype, then what that rounding left out, so that the rows' logits together keep the
+    sums' precision."""
+    sums = kernels.dropped_row_sums(hidden, counts.target_ids, counts.nll_ids)
     rounded = sums.to(hidden.dtype)
     return torch.cat([rounded, (sums - rounded).to(hidden.dtype)])
 
 
 def dropped_logit_sums_from(sum_logits, bias, counts: TokenCounts, hidden_shape):
-    """(2,) the dropped tokens' logit sums per half, from the logits of ``dropped_sum_rows``: each of those
-    rows took the bias once, each dropped token takes it once."""
-    dtype = stats_dtype(sum_logits.dtype)
-    sums = sum_logits.sum(1, dtype=dtype).view(2, 2).sum(0)  # rounded part + rest, per half
-    if bias is None:
-        return sums
-    pairs, seq = hidden_shape[0] // 2, hidden_shape[1]
-    kept = counts.kept_per_seq
-    dropped = [pairs * seq - sum(kept[:pairs]), pairs * seq - sum(kept[pairs:])]
-    bias_sum = bias.sum(dtype=dtype)
-    return sums + torch.stack([bias_sum * (n - 2) for n in dropped])
+    """(2,) the dropped tokens' logit sums per half, from the logits of ``dropped_sum_rows``: each half's two
+    rows took the bias once each, each dropped token takes it once."""
+    sums = sum_logits.sum(1, dtype=stats_dtype(sum_logits.dtype)).view(2, 2).sum(0)  # rounded part + rest
+    return sums if bias is None else sums + dropped_bias_sums(bias, counts, hidden_shape, taken=2)
 
 
-def dropped_logit_sums(hidden, weight, bias, kept_mask):
+def dropped_logit_sums(hidden, weight, bias, counts: TokenCounts):
     """The dropped tokens' logit sums per half where no GEMM gives them (several blocks, no buffer, a vocabulary
     shard): sum_v logits = h·sum_v W + sum(b), which reads all of W."""
-    dtype = stats_dtype(hidden.dtype)
-    sums = dropped_row_sums(hidden, kept_mask) @ weight.sum(0, dtype=dtype)
-    if bias is not None:
-        sums = sums + (~kept_mask).view(2, -1).sum(1).to(dtype) * bias.sum(dtype=dtype)
-    return sums
+    sums = kernels.dropped_row_sums(hidden, counts.target_ids, counts.nll_ids) @ weight.sum(
+        0, dtype=stats_dtype(hidden.dtype))
+    return sums if bias is None else sums + dropped_bias_sums(bias, counts, hidden.shape, taken=0)
+
+
+def dropped_bias_sums(bias, counts: TokenCounts, hidden_shape, taken: int):
+    """(2,) per half, sum(b) times its dropped tokens less the ``taken`` times its sum rows took it already."""
+    pairs, seq = hidden_shape[0] // 2, hidden_shape[1]
+    kept = counts.kept_per_seq
+    bias_sum = bias.sum(dtype=stats_dtype(bias.dtype))
+    return torch.stack([bias_sum * (pairs * seq - sum(half) - taken) for half in (kept[:pairs], kept[pairs:])])
 
 
 def backward_from_sums(grad_loss, sums: GradSums, hidden_shape, weight_dtype):

@@ -129,7 +129,7 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     dx = dx.view(hidden.shape) if grad_hidden else None
     dropped_sums = None
     if dropped:  # the dropped rows' logits of this shard, summed without computing them
-        dropped_sums = _rank_order_sum(chunked.dropped_logit_sums(hidden, weight, None, counts.kept_mask), group)
+        dropped_sums = _rank_order_sum(chunked.dropped_logit_sums(hidden, weight, None, counts), group)
     loss, metrics = chunked.call_terms(stats, counts, dropped_sums, vocab, beta, compute_nll_loss)
     return (loss, metrics, stats.seq_logp), dx, dw
 

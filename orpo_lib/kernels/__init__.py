@@ -12,6 +12,8 @@
   not yet scaled.
 * ``pair_sums`` — ``pair_sum_kernel``: a one-pass pair's per-sequence dW sums, each times its sequence's
   coefficient, added up (one pass over V×H).
+* ``dropped_sums`` — ``dropped_row_sums_kernel``: per half, the sum of the rows of hidden that no target
+  needs, whose logits' sum the logit-mean metrics count (one program per half and column block).
 * ``scaling`` — ``scale_kernel``: backward's upstream gradient applied to the summed gradients, and a
   one-pass pair's dX rows scaled by their sequence's coefficient.
 
@@ -23,6 +25,7 @@ which calls without gradients use on an H200 (``schedule.statistics_in_gemm``).
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 
+from .dropped_sums import dropped_row_sums
 from .labels import LABEL_STATS, label_stats
 from .pair_sums import pair_sum
 from .pair_terms import call_terms, pair_terms
@@ -31,5 +34,5 @@ from .row_layout import RowLaunch
 from .row_stats import STATS_LAUNCH, row_stats
 from .scaling import scale
 
-__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "call_terms", "label_stats", "pair_sum", "pair_terms", "row_grads",
-           "row_logp_grads", "row_stats", "scale"]
+__all__ = ["GRADS_LAUNCH", "LABEL_STATS", "RowLaunch", "STATS_LAUNCH", "call_terms", "dropped_row_sums", "label_stats",
+           "pair_sum", "pair_terms", "row_grads", "row_logp_grads", "row_stats", "scale"]

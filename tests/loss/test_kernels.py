@@ -7,7 +7,7 @@ import torch
 
 from orpo_lib import kernels
 from orpo_lib.pairs import odds_ratio_terms
-from orpo_lib.kernels import LABEL_STATS, call_terms, label_stats, pair_terms
+from orpo_lib.kernels import LABEL_STATS, call_terms, dropped_row_sums, label_stats, pair_terms
 from orpo_lib.output import METRICS, orpo_output
 
 
@@ -81,6 +81,31 @@ def test_call_terms_match_the_torch_output(dtype, dropped, compute_nll):
                                rtol=rtol, atol=0)
     assert metrics[METRICS.index("reward_accuracy")] * pairs == sum(
         float(a > b) for a, b in zip(want.chosen_rewards, want.rejected_rewards))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dropped_row_sums_match_a_masked_sum(dtype):
+    """Per half, the sum of the rows no id counts: through hidden's strides (a non-contiguous view), with a
+    hidden size that is not a multiple of the column block, over halves longer than one block of tokens, a
+    token counted by the NLL alone kept, and a half with nothing dropped giving zeros."""
+    batch, seq, size = 4, 40, 100
+    gen = torch.Generator().manual_seed(9)
+    hidden = torch.randn(batch, size, seq, generator=gen, dtype=dtype).transpose(1, 2)  # strides (H*T, 1, T)
+    target_ids = torch.randint(0, 50, (batch, seq), generator=gen, dtype=torch.int32)
+    nll_ids = target_ids.clone()
+    target_ids[: batch // 2][torch.rand(batch // 2, seq, generator=gen) < 0.4] = -1
+    nll_ids[: batch // 2][torch.rand(batch // 2, seq, generator=gen) < 0.5] = -1  # some counted by one target only
+    nll_ids[batch // 2:] = -1  # the rejected half: nothing dropped (every token has a target id)
+
+    sums = dropped_row_sums(hidden, target_ids, nll_ids)
+
+    dropped = ((target_ids < 0) & (nll_ids < 0)).view(2, -1, 1)
+    assert dropped[0].any() and not dropped[1].any()
+    want = torch.where(dropped, hidden.double().reshape(2, -1, size), 0.0).sum(1).to(dtype)
+    assert sums.dtype == dtype and sums.shape == (2, size)
+    single = dtype == torch.float32
+    torch.testing.assert_close(sums, want, rtol=1e-6 if single else 1e-13, atol=1e-5 if single else 1e-12)
+    assert bool((sums[1] == 0).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
