@@ -7,7 +7,7 @@ import torch
 
 from orpo_lib import kernels
 from orpo_lib.pairs import odds_ratio_terms
-from orpo_lib.kernels import LABEL_STATS, call_terms, dropped_row_sums, label_stats, pair_terms
+from orpo_lib.kernels import LABEL_STATS, call_terms, dropped_row_sums, dropped_sums, label_stats, pair_terms
 from orpo_lib.output import METRICS, orpo_output
 
 
@@ -84,10 +84,13 @@ def test_call_terms_match_the_torch_output(dtype, dropped, compute_nll):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_dropped_row_sums_match_a_masked_sum(dtype):
+@pytest.mark.parametrize("split_tokens", [2048, 48])  # a half in one program; in two, split off a block's middle
+def test_dropped_row_sums_match_a_masked_sum(monkeypatch, dtype, split_tokens):
     """Per half, the sum of the rows no id counts: through hidden's strides (a non-contiguous view), with a
-    hidden size that is not a multiple of the column block, over halves longer than one block of tokens, a
-    token counted by the NLL alone kept, and a half with nothing dropped giving zeros."""
+    hidden size that is not a multiple of the column block, over halves longer than one block of tokens (in
+    one program or split over two), a token counted by the NLL alone kept, and a half with nothing dropped
+    giving zeros."""
+    monkeypatch.setattr(dropped_sums, "SPLIT_TOKENS", split_tokens)
     batch, seq, size = 4, 40, 100
     gen = torch.Generator().manual_seed(9)
     hidden = torch.randn(batch, size, seq, generator=gen, dtype=dtype).transpose(1, 2)  # strides (H*T, 1, T)
