@@ -461,13 +461,13 @@ def small_call_rows(record: dict) -> list[dict]:
     return list(rows.values())
 
 
-def eval_before_after_rows(record: BenchRecord) -> list[dict]:
-    """Per shape of an eval record run with ``--before``: the no-grad loss's time over the logits GEMM and its
-    peak over the inputs, for this commit (``fused``) and the one before (``before``)."""
+def before_after_rows(record: BenchRecord, mode: str = "eval") -> list[dict]:
+    """Per shape (and mask) of a record run with ``--before``: the loss's time in ``mode`` over the floor's (in eval
+    mode the logits GEMM) and its peak over the inputs, for this commit (``fused``) and the one before (``before``)."""
     rows = []
-    for floor in record.select("floor", "eval"):
-        shape = {k: floor[k] for k in ("batch", "seq", "hidden", "vocab")}
-        now, before = (record.select(p, "eval", **shape) for p in ("fused", "before"))
+    for floor in record.select("floor", mode):
+        shape = {k: floor[k] for k in ("batch", "seq", "hidden", "vocab", "mask") if k in floor}
+        now, before = (record.select(p, mode, **shape) for p in ("fused", "before"))
         if now and before:
             rows.append({**shape, "fused": now[0]["median_ms"] / floor["median_ms"],
                          "before": before[0]["median_ms"] / floor["median_ms"],

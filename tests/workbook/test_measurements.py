@@ -21,7 +21,7 @@ def test_statistics_gemm_and_eval_tables(tmp_path):
                                          "peak_over_inputs_gib": peak}
     record = measurements.BenchRecord({}, [result("floor", 2.0, 0.0), result("fused", 2.2, 0.1),
                                            result("before", 2.4, 1.0), result("fused", 9.0, 9.0) | {"mode": "full"}])
-    assert measurements.eval_before_after_rows(record) == [
+    assert measurements.before_after_rows(record) == [
         {**shape, "fused": pytest.approx(1.1), "before": pytest.approx(1.2), "fused_peak_gib": 0.1, "before_peak_gib": 1.0}]
     assert measurements.latest_record("nothing-*.json", tmp_path) is None
 

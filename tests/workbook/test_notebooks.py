@@ -274,6 +274,25 @@ def test_kernel_tuning_small_calls(runs):
     assert round(by["H200", "2x1024 H4096 V128256 trl"]["fused_busy"], 3) == 1.032
 
 
+def test_kernel_tuning_launches(runs):
+    from orpo_lib.workbook import measurements
+
+    shown = _record(runs, "04-kernel-tuning")["launch_rows"]
+    want = [{"scenario": scenario, **row} for scenario in ("busy", "idle") for row in measurements.before_after_rows(
+        measurements.load_bench_record(next(measurements.DATA_DIR.glob(f"ab-call-terms-*-a4eff94-{scenario}.json"))),
+        "full")]
+    assert shown == want
+    by = {(row["scenario"], row["batch"], row["seq"], row["hidden"], row["mask"]): row for row in shown}
+    # as the text says: the host-bound call, busy and idle, every token kept and TRL's labels
+    quoted = {("busy", "none"): (3.570, 3.006), ("busy", "trl"): (3.930, 3.754), ("idle", "none"): (3.240, 2.667),
+              ("idle", "trl"): (3.755, 3.302)}
+    for (scenario, mask), ratios in quoted.items():
+        row = by[scenario, 2, 1024, 1024, mask]
+        assert (round(row["before"], 3), round(row["fused"], 3)) == ratios
+    others = [round(100 * (row["fused"] / row["before"] - 1), 1) for key, row in by.items() if key[1:4] != (2, 1024, 1024)]
+    assert len(others) == 24 and (min(others), max(others)) == (-3.4, 3.6)
+
+
 def test_memory_notebook_vocab_parallel_table(runs):
     r = _record(runs, "03-memory")
     expected = {str(row["ranks"]): row["peak_gib"] for row in memory.vocab_parallel_table(16, 4096, 4096, 128256)}
