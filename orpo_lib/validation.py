@@ -141,7 +141,7 @@ class LabelCheck:
 
 def check_labels(target, nll_target, vocab: int, ignore_index: int, compute_nll_loss: bool, *,
                  pair_order: bool = True, copy_now: bool = False) -> LabelCheck:
-    """Queue the label check (one kernel, and one that orders the kept tokens, in pair order or token order);
+    """Queue the label check (one kernel, which also orders the kept tokens, in pair order or token order);
     ``read_counts`` reads its counts back. With ``copy_now`` their copy to the host is queued at once, so that
     work queued before ``read_counts`` runs while the host waits for the copy (which costs a little more host
     time than a plain read-back, so only where such work exists)."""
