@@ -532,6 +532,7 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
         call = new_call(hidden, weight, bias, counts, opts, plan, buffer)
         sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
         ready = make_block(first_span, x, logits, call.row_tokens, counts, plan.token_order)
+        del x, logits  # the first block holds them, and frees its gathered rows when the next block is made
     for group in plan.groups:
         if not opts.needs_grad:
             statistics_only(call, group, ready)

@@ -23,9 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-# Rows per chunk by default: large enough that every GEMM runs at full rate, small enough that
-# the C×V buffer stays near 1 GiB at V = 128K in bf16. A pair longer than this gets a chunk of its own.
+# Rows per chunk by default: at least DEFAULT_CHUNK_ROWS, large enough that every GEMM runs at full rate, and
+# as many more multiples of it as CHUNK_LOGITS_BYTES of logits hold (4096 rows at V = 128K in bf16, 16384 at
+# V = 32000): fewer chunks add less to the float32 dW sum and queue fewer launches. On an H100 at 8×2048,
+# V = 32000, 16384 rows took 1.27 against 1.44× the floor at H = 1024 and 1.07 against 1.17× at H = 4096
+# (chunk-rows-2026-12-06-h100-99c6511.json). A pair longer than this gets a chunk of its own.
 DEFAULT_CHUNK_ROWS = 4096
+CHUNK_LOGITS_BYTES = 1 << 30
 # The most bytes of logits the automatic choice lets exist at once.
 LOGITS_BUDGET_BYTES = 8 << 30
 # Rows per block of a one-pass pair under the automatic chunk size: enough for every GEMM to run at full
@@ -146,14 +150,20 @@ def one_pass_group(group: ChunkGroup, chosen_rows: int, nll_only_rows: int, bloc
 
 def auto_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsize: int, device: torch.device,
                     accumulator_rows: int = 0) -> int:
-    """``DEFAULT_CHUNK_ROWS``, or one whole pair if longer, within the logits budget (and a quarter of free memory).
+    """``default_chunk_rows``, or one whole pair if longer, within the logits budget (and a quarter of free memory).
 
     Several chunks accumulate dW in a float32 tensor that costs as much memory as ``accumulator_rows``
     rows of logits; when every row fits in a chunk plus that many, they go in one block instead, which
     needs no more memory and skips the accumulation and the final conversion.
     """
     budget = memory_cap(LOGITS_BUDGET_BYTES, device)
-    return min(wanted_chunk_rows(largest_pair_rows, total_rows, accumulator_rows), budget_rows(vocab, itemsize, budget))
+    return min(wanted_chunk_rows(largest_pair_rows, total_rows, vocab, itemsize, accumulator_rows),
+               budget_rows(vocab, itemsize, budget))
+
+
+def default_chunk_rows(vocab: int, itemsize: int) -> int:
+    """The most whole multiples of ``DEFAULT_CHUNK_ROWS`` rows whose logits fit in ``CHUNK_LOGITS_BYTES``, at least one."""
+    return max(1, CHUNK_LOGITS_BYTES // (DEFAULT_CHUNK_ROWS * vocab * itemsize)) * DEFAULT_CHUNK_ROWS
 
 
 def budget_rows(vocab: int, itemsize: int, budget: int | None = None) -> int:
@@ -161,9 +171,10 @@ def budget_rows(vocab: int, itemsize: int, budget: int | None = None) -> int:
     return max(1, (LOGITS_BUDGET_BYTES if budget is None else budget) // (vocab * itemsize))
 
 
-def wanted_chunk_rows(largest_pair_rows: int, total_rows: int, accumulator_rows: int = 0) -> int:
+def wanted_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsize: int,
+                      accumulator_rows: int = 0) -> int:
     """``auto_chunk_rows`` before any memory cap."""
-    rows = max(DEFAULT_CHUNK_ROWS, largest_pair_rows)
+    rows = max(default_chunk_rows(vocab, itemsize), largest_pair_rows)
     return total_rows if total_rows <= rows + accumulator_rows else rows
 
 
@@ -210,7 +221,7 @@ def single_block(batch: int, seq: int, hidden_size: int, vocab: int, itemsize: i
     if chunk_size is not None:
         return tokens <= chunk_size
     extra = accumulator_rows(hidden_size, itemsize, fp32_weight_grad) if grad_weight else 0
-    return tokens <= min(wanted_chunk_rows(2 * seq, tokens, extra), budget_rows(vocab, itemsize))
+    return tokens <= min(wanted_chunk_rows(2 * seq, tokens, vocab, itemsize, extra), budget_rows(vocab, itemsize))
 
 
 # Where a no-grad call takes its row statistics from the Gluon statistics GEMM. Measured on the H200 against

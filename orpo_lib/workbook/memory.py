@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import schedule
-from ..schedule import accumulator_rows, auto_chunk_rows, wanted_chunk_rows
+from ..schedule import accumulator_rows, auto_chunk_rows
 
 GIB = 2**30
 FP32_BYTES = 4
@@ -59,9 +59,9 @@ def chunk_row_limit(batch: int, seq: int, chunk_size: int | None = None, vocab: 
     """
     if chunk_size is not None:
         return int(chunk_size)
-    extra_rows = accumulator_rows(hidden, dtype_bytes, dw_fp32)
     if not vocab:
-        return wanted_chunk_rows(2 * seq, batch * seq, extra_rows)
+        raise ValueError("the default chunk size depends on the vocabulary: pass vocab (or a chunk_size)")
+    extra_rows = accumulator_rows(hidden, dtype_bytes, dw_fp32)
     return auto_chunk_rows(2 * seq, batch * seq, vocab, dtype_bytes, torch.device("cpu"), extra_rows)
 
 
@@ -69,10 +69,11 @@ def chunking(batch: int, seq: int, chunk_size: int | None = None, vocab: int = 0
              hidden: int = 0, dw_fp32: bool = True) -> Chunking:
     """Chunk geometry of the fused loss (with gradients) with every token counted (no ignored positions).
 
-    ``chunk_size=None`` is the library default: ``DEFAULT_CHUNK_ROWS`` or one whole pair if that is
-    longer, or every row when they fit in that plus the rows a float32 dW accumulator would cost
-    (pass ``hidden``), capped so the buffer stays within ``LOGITS_BUDGET_BYTES`` (pass ``vocab`` for
-    the cap; on a GPU the library also caps it at a quarter of free memory, which this model ignores).
+    ``chunk_size=None`` is the library default (pass ``vocab``): ``schedule.default_chunk_rows`` (4096 rows,
+    more at a small vocabulary) or one whole pair if that is longer, or every row when they fit in that plus
+    the rows a float32 dW accumulator would cost (pass ``hidden``), capped so the buffer stays within
+    ``LOGITS_BUDGET_BYTES`` (on a GPU the library also caps it at a quarter of free memory, which this model
+    ignores).
     """
     if batch % 2:
         raise ValueError(f"batch must be even (chosen half, rejected half), got {batch}")

@@ -65,6 +65,25 @@ def test_one_block_when_it_costs_no_more_than_a_float32_accumulator():
     assert memory.chunking(8, 1024, None, V, 4, hidden=H).count == 2
 
 
+def test_default_chunk_holds_about_a_gibibyte_of_logits():
+    """4096 rows at V = 128256 and above (a GiB of bf16 logits at 128K), whole multiples of 4096 below: 16384
+    rows at V = 32000, so that 8×2048 at H = 1024 is one block, where it had four chunks."""
+    assert [schedule.default_chunk_rows(v, 2) for v in (256000, 151936, 128256, 65536, 50257, 32000)] == \
+        [4096, 4096, 4096, 8192, 8192, 16384]
+    assert schedule.default_chunk_rows(32000, 4) == 8192
+    for v in (32000, 50257, 128256):
+        rows = schedule.default_chunk_rows(v, 2)
+        assert rows * v * 2 <= schedule.CHUNK_LOGITS_BYTES or rows == schedule.DEFAULT_CHUNK_ROWS
+        assert (rows + schedule.DEFAULT_CHUNK_ROWS) * v * 2 > schedule.CHUNK_LOGITS_BYTES
+    assert memory.chunking(8, 2048, None, 32000, 2, hidden=1024) == memory.Chunking(rows=16384, count=1, passes=1)
+    assert memory.chunking(8, 4096, None, 32000, 2, hidden=2048).count == 2  # 32768 rows: two chunks of two pairs
+    assert schedule.single_block(8, 2048, 1024, 32000, 2, chunk_size=None, fp32_weight_grad=True, grad_weight=True)
+    assert not schedule.single_block(8, 2048, 1024, 128256, 2, chunk_size=None, fp32_weight_grad=True,
+                                     grad_weight=True)
+    with pytest.raises(ValueError, match="vocab"):
+        memory.chunking(8, 2048)
+
+
 @pytest.mark.parametrize("batch,seq,chunk_size", [
     (2, 1024, None), (8, 1024, None), (16, 1024, None), (8, 1536, None), (16, 4096, None), (4, 300, None),
     (8, 4096, 1024), (4, 1024, 2048), (6, 100, 450), (2, 32768, None),
@@ -154,8 +173,10 @@ def test_eval_with_statistics_in_gemm_matches_the_measured_peaks():
     checked = 0
     for r in record.select("fused", "eval"):
         in_gemm = r["vocab"] >= 65536  # (this record predates the 8192-row threshold)
+        # and the default chunk size that grows at small vocabularies: its chunks were 4096 rows or a pair
+        old_default = max(schedule.DEFAULT_CHUNK_ROWS, 2 * r["seq"])
         model = sum(memory.peak_bytes("fused", r["batch"], r["seq"], r["hidden"], r["vocab"], with_grad=False,
-                                      statistics_in_gemm=in_gemm).values())
+                                      chunk_rows=old_default, statistics_in_gemm=in_gemm).values())
         measured = r["peak_over_inputs_gib"] * memory.GIB
         assert 0 <= measured - model <= 8192, (r["batch"], r["seq"], r["vocab"], measured, model)
         checked += in_gemm
