@@ -26,8 +26,8 @@ import torch
 # Rows per chunk by default: at least DEFAULT_CHUNK_ROWS, large enough that every GEMM runs at full rate, and
 # as many more multiples of it as CHUNK_LOGITS_BYTES of logits hold (4096 rows at V = 128K in bf16, 16384 at
 # V = 32000): fewer chunks add less to the float32 dW sum and queue fewer launches. On an H100 at 8×2048,
-# V = 32000, 16384 rows took 1.27 against 1.44× the floor at H = 1024 and 1.07 against 1.17× at H = 4096
-# (chunk-rows-2026-12-06-h100-99c6511.json). A pair longer than this gets a chunk of its own.
+# V = 32000, one block of 16384 rows took 1.27 against 1.50× the floor at H = 1024 and 1.09 against 1.18× at
+# H = 4096 (ab-chunk-rows-2026-12-06-h100-f6664a4-busy.json). A pair longer than this gets a chunk of its own.
 DEFAULT_CHUNK_ROWS = 4096
 CHUNK_LOGITS_BYTES = 1 << 30
 # The most bytes of logits the automatic choice lets exist at once.

@@ -141,6 +141,17 @@ def test_model_matches_the_h200_bench_record():
     assert max(abs(r["error_pct"]) for r in rows if r["impl"] == "liger") < 2.5
 
 
+def test_model_matches_the_default_chunks_of_an_h100_record():
+    """The default chunk of eight shapes at the GiB-of-logits rule: one block at V = 32000 (8×2048) and V = 50257,
+    two 16384-row chunks at 8×4096, V = 32000, and 4096-row chunks at V ≥ 128256."""
+    from orpo_lib.workbook import measurements
+
+    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-chunk-rows-2026-12-06-h100-f6664a4-busy.json")
+    rows = memory.model_vs_measured(record, impls=("fused",))
+    assert len(rows) == 8
+    assert max(abs(r["error_pct"]) for r in rows) < 0.1
+
+
 def test_eval_needs_less_than_training():
     for impl in memory.IMPLEMENTATIONS:
         assert memory.peak_gib(impl, 8, 1024, H, V, with_grad=False) < memory.peak_gib(impl, 8, 1024, H, V)

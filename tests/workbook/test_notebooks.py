@@ -293,6 +293,28 @@ def test_kernel_tuning_launches(runs):
     assert len(others) == 24 and (min(others), max(others)) == (-3.4, 3.6)
 
 
+def test_kernel_tuning_default_chunk(runs):
+    from orpo_lib.workbook import measurements
+
+    shown = _record(runs, "04-kernel-tuning")["chunk_default_rows"]
+    want = [{"scenario": scenario, **row} for scenario in ("busy", "idle") for row in measurements.before_after_rows(
+        measurements.load_bench_record(next(measurements.DATA_DIR.glob(f"ab-chunk-rows-*-f6664a4-{scenario}.json"))),
+        "full")]
+    assert shown == want
+    by = {(row["scenario"], row["batch"], row["seq"], row["hidden"], row["vocab"], row["mask"]): row for row in shown}
+    # as the text says: 8×2048 at V = 32000, every token kept, busy and idle
+    quoted = {("busy", 1024): (1.497, 1.272), ("busy", 2048): (1.296, 1.140), ("busy", 4096): (1.184, 1.086),
+              ("idle", 1024): (1.536, 1.387), ("idle", 2048): (1.311, 1.213), ("idle", 4096): (1.193, 1.099)}
+    for (scenario, hidden), ratios in quoted.items():
+        row = by[scenario, 8, 2048, hidden, 32000, "none"]
+        assert (round(row["before"], 3), round(row["fused"], 3)) == ratios
+    peaks = by["busy", 8, 2048, 1024, 32000, "none"]
+    assert (round(peaks["before_peak_gib"], 2), round(peaks["fused_peak_gib"], 2)) == (0.42, 1.07)
+    # "the shapes at V ≥ 128256 moved within the run's spread"
+    large = [row["fused"] / row["before"] - 1 for key, row in by.items() if key[4] >= 128256]
+    assert len(large) == 12 and max(abs(x) for x in large) < 0.025
+
+
 def test_memory_notebook_vocab_parallel_table(runs):
     r = _record(runs, "03-memory")
     expected = {str(row["ranks"]): row["peak_gib"] for row in memory.vocab_parallel_table(16, 4096, 4096, 128256)}
