@@ -474,3 +474,16 @@ def before_after_rows(record: BenchRecord, mode: str = "eval") -> list[dict]:
                          "fused_peak_gib": now[0]["peak_over_inputs_gib"],
                          "before_peak_gib": before[0]["peak_over_inputs_gib"]})
     return rows
+
+
+def busy_idle_rows(pattern: str, mode: str = "full", data_dir: str | Path | None = None) -> tuple[list[dict], list[str]]:
+    """``before_after_rows`` of the busy and the idle record of one A/B run (``pattern``, a glob with a ``{scenario}``
+    field), each row marked with its scenario, and the caption of each record found."""
+    rows, captions = [], []
+    for scenario in ("busy", "idle"):
+        paths = sorted(Path(data_dir or DATA_DIR).glob(pattern.format(scenario=scenario)))
+        if paths:
+            record = load_bench_record(paths[-1])
+            captions.append(f"{scenario}: {record_caption(record)}")
+            rows += [{"scenario": scenario, **row} for row in before_after_rows(record, mode)]
+    return rows, captions

@@ -26,6 +26,20 @@ def test_statistics_gemm_and_eval_tables(tmp_path):
     assert measurements.latest_record("nothing-*.json", tmp_path) is None
 
 
+def test_busy_idle_rows_read_both_records_of_an_a_b_run(tmp_path):
+    shape = {"batch": 2, "seq": 4, "hidden": 16, "vocab": 32, "mask": "none"}
+    for scenario, fused_ms in (("busy", 2.2), ("idle", 2.6)):
+        results = [{"provider": p, "mode": "full", **shape, "median_ms": ms, "peak_over_inputs_gib": 0.5}
+                   for p, ms in (("floor", 2.0), ("fused", fused_ms), ("before", 3.0))]
+        (tmp_path / f"ab-x-2026-01-01-g-abc-{scenario}.json").write_text(json.dumps(
+            {"provenance": {"gpu": "G", "commit": "abc"}, "results": results}))
+    rows, captions = measurements.busy_idle_rows("ab-x-*-{scenario}.json", data_dir=tmp_path)
+    assert [(r["scenario"], r["fused"], r["before"]) for r in rows] == [
+        ("busy", pytest.approx(1.1), pytest.approx(1.5)), ("idle", pytest.approx(1.3), pytest.approx(1.5))]
+    assert [c.split(":")[0] for c in captions] == ["busy", "idle"]
+    assert measurements.busy_idle_rows("ab-none-*-{scenario}.json", data_dir=tmp_path) == ([], [])
+
+
 def test_softmax_mm_table():
     probe = {"results": [{"rows": 8, "hidden": 16, "vocab": 32, "cublas_dx_ms": 2.0, "half_row_grads_ms": 0.5,
                           "three_rings_no_transform_ms": 2.4, "three_rings_no_exp_ms": 3.0, "three_rings_ms": 4.0,

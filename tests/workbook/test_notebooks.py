@@ -274,14 +274,18 @@ def test_kernel_tuning_small_calls(runs):
     assert round(by["H200", "2x1024 H4096 V128256 trl"]["fused_busy"], 3) == 1.032
 
 
-def test_kernel_tuning_launches(runs):
+def _busy_idle_table(runs, name, pattern):
+    """The kernel-tuning notebook's table ``name`` of an A/B run's busy and idle records, which it must show whole."""
     from orpo_lib.workbook import measurements
 
-    shown = _record(runs, "04-kernel-tuning")["launch_rows"]
-    want = [{"scenario": scenario, **row} for scenario in ("busy", "idle") for row in measurements.before_after_rows(
-        measurements.load_bench_record(next(measurements.DATA_DIR.glob(f"ab-call-terms-*-a4eff94-{scenario}.json"))),
-        "full")]
-    assert shown == want
+    shown = _record(runs, "04-kernel-tuning")[name]
+    want, captions = measurements.busy_idle_rows(pattern)
+    assert len(captions) == 2 and shown == want
+    return shown
+
+
+def test_kernel_tuning_launches(runs):
+    shown = _busy_idle_table(runs, "launch_rows", "ab-call-terms-*-a4eff94-{scenario}.json")
     by = {(row["scenario"], row["batch"], row["seq"], row["hidden"], row["mask"]): row for row in shown}
     # as the text says: the host-bound call, busy and idle, every token kept and TRL's labels
     quoted = {("busy", "none"): (3.570, 3.006), ("busy", "trl"): (3.930, 3.754), ("idle", "none"): (3.240, 2.667),
@@ -294,13 +298,7 @@ def test_kernel_tuning_launches(runs):
 
 
 def test_kernel_tuning_default_chunk(runs):
-    from orpo_lib.workbook import measurements
-
-    shown = _record(runs, "04-kernel-tuning")["chunk_default_rows"]
-    want = [{"scenario": scenario, **row} for scenario in ("busy", "idle") for row in measurements.before_after_rows(
-        measurements.load_bench_record(next(measurements.DATA_DIR.glob(f"ab-chunk-rows-*-f6664a4-{scenario}.json"))),
-        "full")]
-    assert shown == want
+    shown = _busy_idle_table(runs, "chunk_default_rows", "ab-chunk-rows-*-f6664a4-{scenario}.json")
     by = {(row["scenario"], row["batch"], row["seq"], row["hidden"], row["vocab"], row["mask"]): row for row in shown}
     # as the text says: 8×2048 at V = 32000, every token kept, busy and idle
     quoted = {("busy", 1024): (1.497, 1.272), ("busy", 2048): (1.296, 1.140), ("busy", 4096): (1.184, 1.086),
