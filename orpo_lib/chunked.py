@@ -32,7 +32,8 @@ Without gradients on an H200 (``schedule.statistics_in_gemm``), steps 1 and 2 ar
 When every row fits in one block (``schedule.single_block``, decided from shapes) and there are more rows
 than ``schedule.early_rows`` (``schedule.overlaps_read_backs``), the logits of that many first rows are
 queued before the label counts are read back (``early_logits``): the block's rows begin with them whatever
-the counts turn out to be, so the GPU works while the host reads the counts and plans.
+the counts turn out to be, so the GPU works while the host reads the counts and plans. This holds with or
+without gradients, but not where a call without them may take its statistics from inside the GEMM.
 
 ``forward`` returns the loss terms and what backward needs. With several blocks, that is the unscaled
 sums dX, dW and dbias, which ``backward`` multiplies by the upstream gradient into new tensors. With one
@@ -60,7 +61,7 @@ class Options:
     grad_hidden: bool
     grad_weight: bool
     grad_bias: bool
-    single_block: bool  # schedule.single_block: one block, whose gradient GEMMs wait for backward
+    single_block: bool  # schedule.single_block: every row in one block, whose gradient GEMMs wait for backward
 
     @property
     def needs_grad(self) -> bool:
@@ -348,15 +349,16 @@ def statistics_only(call: Call, group, ready: Block | None) -> None:
                          call.stats.nll_logp, call.stats.logit_sum, call.stats.lse)
 
 
-def statistics_in_gemm(hidden, weight, bias, counts: TokenCounts, opts: Options) -> bool:
-    """``schedule.statistics_in_gemm`` for these tensors, with the alignment TMA needs of their rows."""
+def statistics_in_gemm(hidden, weight, bias, rows: int, opts: Options) -> bool:
+    """``schedule.statistics_in_gemm`` for these tensors and ``rows`` kept rows, with the alignment TMA needs of
+    their rows."""
     if opts.needs_grad or not hidden.is_cuda or INTERPRET:
         return False
     aligned = weight.stride(1) == 1 and all(t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0
                                             for t in (hidden, weight))
     return aligned and hidden.stride(-1) == 1 and schedule.statistics_in_gemm(
         torch.cuda.get_device_capability(hidden.device), torch.cuda.get_device_name(hidden.device), hidden.dtype,
-        bias is not None, hidden.shape[-1], weight.shape[0], sum(counts.kept_per_seq))
+        bias is not None, hidden.shape[-1], weight.shape[0], rows)
 
 
 def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) -> None:
@@ -517,7 +519,7 @@ def finish_early_logits(early: EarlyLogits, plan: Plan, rows: int, hidden, weigh
 def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: EarlyLogits | None = None) -> Forward:
     plan = make_plan(hidden, weight.shape[0], counts, opts)
     dropped_sums = None  # (2,) the dropped tokens' logit sums per half, where a logits GEMM gives them
-    if statistics_in_gemm(hidden, weight, bias, counts, opts):  # no logits buffer at all
+    if statistics_in_gemm(hidden, weight, bias, sum(counts.kept_per_seq), opts):  # no logits buffer at all
         call = new_call(hidden, weight, bias, counts, opts, plan, None)
         sums = ready = None
     else:
@@ -546,7 +548,7 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
     if plan.dropped and dropped_sums is None:
         dropped_sums = dropped_logit_sums(hidden, weight, bias, counts)
     loss, metrics = call_terms(call.stats, counts, dropped_sums, weight.shape[0], opts.beta, opts.compute_nll_loss)
-    if opts.single_block:  # the single block fills the buffer (up to its kept rows)
+    if opts.single_block and opts.needs_grad:  # the single block fills the buffer (up to its kept rows)
         return Forward(loss, metrics, call.stats.seq_logp, logit_grads=call.buffer[:plan.buffer_rows],
                        row_tokens=plan.row_tokens)
     return Forward(loss, metrics, call.stats.seq_logp, sums=sums)

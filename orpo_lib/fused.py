@@ -10,8 +10,9 @@ An ``autograd.Function`` joins them; it calls the ops when traced and the functi
 * ``orpo_lib::fused_linear_orpo_backward`` — applies the upstream gradient to those, into new tensors.
 
 Which of the two kinds of saved state forward returns is decided from shapes and options alone
-(``schedule.single_block``), so the compiled graph's shapes do not depend on the labels' values; the
-row count of a single block's gradient does, and is an unbacked size in the fake implementation.
+(``schedule.single_block``: with gradients, one block saves its gradient of the logits), so the compiled
+graph's shapes do not depend on the labels' values; the row count of a single block's gradient does, and is
+an unbacked size in the fake implementation.
 """
 
 from typing import Optional
@@ -38,14 +39,16 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
              grad_bias: bool, single_block: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                             torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """loss, metrics (output.METRICS, then the rewards), seq_logp; dx, dw, db sums; logit_grads, row_tokens."""
-    # A single block's rows may come in token order (any order serves one block), so that its first logits,
-    # queued before the counts are read back, are the same rows whether or not some tokens are dropped.
-    overlap = single_block and schedule.overlaps_read_backs(hidden.shape[0] * hidden.shape[1], hidden.shape[2],
-                                                            weight.shape[0])
-    check = check_labels(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss,
-                         pair_order=not single_block, copy_now=overlap)
     opts = chunked.Options(beta, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
                            single_block)
+    # A single block's rows may come in token order (any order serves one block), so that its first logits,
+    # queued before the counts are read back, are the same rows whether or not some tokens are dropped. (Not
+    # where a call without gradients may take its statistics from inside the GEMM, which has no buffer.)
+    tokens = hidden.shape[0] * hidden.shape[1]
+    overlap = (single_block and schedule.overlaps_read_backs(tokens, hidden.shape[2], weight.shape[0])
+               and not chunked.statistics_in_gemm(hidden, weight, bias, tokens, opts))
+    check = check_labels(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss,
+                         pair_order=not single_block, copy_now=overlap)
     with on_device(hidden.device), torch.autocast(hidden.device.type, enabled=False):
         early = chunked.early_logits(hidden, weight, bias, check.kept_order) if overlap else None
         counts = read_counts(check)  # bad labels raise here, before any result exists
@@ -70,9 +73,10 @@ def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, 
     dx, dw, db, logit_grads = (_empty(hidden) for _ in range(4))
     row_tokens = target.new_empty(0, dtype=torch.int64)
     if single_block:
-        ctx = torch.library.get_ctx()
-        logit_grads = hidden.new_empty(ctx.new_dynamic_size(), vocab)  # as many rows as the labels keep
-        row_tokens = target.new_empty(ctx.new_dynamic_size(), dtype=torch.int64)  # 0 rows in token order
+        if grad_hidden or grad_weight or grad_bias:  # (without gradients a single block saves nothing)
+            ctx = torch.library.get_ctx()
+            logit_grads = hidden.new_empty(ctx.new_dynamic_size(), vocab)  # as many rows as the labels keep
+            row_tokens = target.new_empty(ctx.new_dynamic_size(), dtype=torch.int64)  # 0 rows in token order
     else:
         if grad_hidden:
             dx = hidden.new_empty(batch * seq, size)
@@ -173,9 +177,9 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignor
     grad_weight = grad_on and weight.requires_grad
     grad_bias = grad_on and bias is not None and bias.requires_grad
     batch, seq, size = hidden.shape
-    single_block = (grad_hidden or grad_weight or grad_bias) and schedule.single_block(
-        batch, seq, size, weight.shape[0], hidden.element_size(), chunk_size=chunk_size,
-        fp32_weight_grad=fp32_weight_grad, grad_weight=grad_weight)
+    single_block = schedule.single_block(batch, seq, size, weight.shape[0], hidden.element_size(),
+                                         chunk_size=chunk_size, fp32_weight_grad=fp32_weight_grad,
+                                         grad_weight=grad_weight)
     loss, metrics, seq_logp, *_saved = _FusedLinearORPO.apply(
         hidden, weight, bias, target, nll_target, float(beta), int(ignore_index), compute_nll_loss,
         None if chunk_size is None else int(chunk_size), fp32_weight_grad, grad_hidden, grad_weight, grad_bias,

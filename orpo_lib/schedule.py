@@ -15,8 +15,8 @@ its pair; a pair longer than a chunk is split into blocks, and ``plan_passes`` d
   the response starts, or too little memory): statistics of every block, then each block's logits again
   for its gradient, in blocks as large as the chunk.
 
-``single_block`` decides from shapes alone whether every row fits in one block, whose gradient GEMMs
-then wait for backward.
+``single_block`` decides from shapes alone whether every row fits in one block (whose gradient GEMMs, if any,
+then wait for backward).
 """
 
 from dataclasses import dataclass
@@ -210,12 +210,12 @@ def overlaps_read_backs(tokens: int, hidden_size: int, vocab: int) -> bool:
 
 def single_block(batch: int, seq: int, hidden_size: int, vocab: int, itemsize: int, *, chunk_size, fp32_weight_grad: bool,
                  grad_weight: bool) -> bool:
-    """Whether every token row, counted or not, fits in one block of the gradient schedule.
+    """Whether every token row, counted or not, fits in one block (with or without gradients).
 
     Decided from shapes and options alone (not from how many tokens the labels keep), so that a compiled
     graph knows which tensors forward keeps for backward: one block keeps its gradient of the logits,
     several keep the summed dX, dW and dbias. The free-memory cap of ``auto_chunk_rows`` is left out for
-    the same reason; the static budget applies.
+    the same reason; the static budget applies. (Without gradients, ``grad_weight`` is False.)
     """
     tokens = batch * seq
     if chunk_size is not None:

@@ -150,13 +150,14 @@ def test_every_token_kept_in_token_or_pair_order(batch, chunk_size, token_order)
     assert rel_err(eval_out.loss, ref["loss"].detach()) < TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("with_grad", [True, False])
 @pytest.mark.parametrize("ignored_fraction", [0.0, 0.25])
 @pytest.mark.parametrize("early_rows", [5, 10**6])
-def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fraction, early_rows):
+def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fraction, early_rows, with_grad):
     """A single block's first logits GEMM (``schedule.early_rows`` rows) is queued before the label counts
     are read back, the rest of its rows after, where there are more rows than early ones
     (``schedule.overlaps_read_backs``); otherwise the counts come first. The per-token outputs are allocated
-    after the GEMMs. Dropped tokens or not, the result is the reference's."""
+    after the GEMMs. With gradients or without, dropped tokens or not, the result is the reference's."""
     problem = make_problem(4, 7, 48, 517, ignored_fraction=ignored_fraction, seed=9)
     monkeypatch.setattr(schedule, "early_rows", lambda *args: early_rows)
     steps = []
@@ -164,14 +165,19 @@ def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fr
     read, allocate = fused.read_counts, chunked.new_token_stats
     monkeypatch.setattr(fused, "read_counts", lambda *args: steps.append("read") or read(*args))
     monkeypatch.setattr(chunked, "new_token_stats", lambda *args: steps.append("allocate") or allocate(*args))
-    out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+    ref, ref_grads = reference_with_grads(problem)
+    if with_grad:
+        out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
+        assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
+    else:
+        with torch.no_grad():
+            out = orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"])
+        assert_matches_reference(out, {}, ref, {}, TOLERANCE[torch.float32])
     if early_rows == 5:  # the rest after the read-back (with the dropped tokens' sum rows, if any, appended)
         first = ["mm", "read", "mm"]
     else:  # every row would be early: a call bound by the host, which reads the counts back first
         first = ["read", "mm"]
     assert steps[:len(first) + 1] == first + ["allocate"] and steps.count("allocate") == 1, steps
-    ref, ref_grads = reference_with_grads(problem)
-    assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
 
 
 @pytest.mark.parametrize("early_rows, dropped", [(5, "many"), (1000, "many"), (5, "three")])
@@ -225,16 +231,22 @@ def test_early_rows_are_about_0_4_ms_of_gemm_in_whole_tiles():
         assert 2 * rows * hidden * vocab >= schedule.EARLY_GEMM_FLOPS > 2 * (rows - 256) * hidden * vocab
 
 
-def test_bad_labels_raise_after_the_early_gemm_and_change_nothing():
+def test_bad_labels_raise_after_the_early_gemm_and_change_nothing(monkeypatch):
     """The early GEMM runs before the labels are known to be good: a bad label still raises before any
-    result exists, and no gradient is written."""
+    result exists, with gradients or without, and no gradient is written."""
+    monkeypatch.setattr(schedule, "early_rows", lambda *args: 5)
     problem = make_problem(4, 7, 48, 517, seed=4)
     target = problem["target"].clone()
     target[1, 2] = 517
     hidden, weight = problem["hidden"].requires_grad_(), problem["weight"].requires_grad_()
+    early = []
+    monkeypatch.setattr(chunked, "early_logits", lambda *args, _early=chunked.early_logits: early.append(1) or _early(*args))
     with pytest.raises(ValueError, match="target holds 1 token id"):
         orpo_lib.fused_linear_orpo_loss(hidden, weight, target).loss.backward()
     assert hidden.grad is None and weight.grad is None
+    with torch.no_grad(), pytest.raises(ValueError, match="target holds 1 token id"):
+        orpo_lib.fused_linear_orpo_loss(hidden, weight, target)
+    assert early == [1, 1]  # both calls queued the early GEMM before the check failed
 
 
 @pytest.mark.parametrize("vocab", [2, 5, 8, 9])
