@@ -32,6 +32,7 @@ LEAN_CHUNK_ROWS = 1664
 # Per token the fused loss keeps four fp32 statistics (log-prob, NLL log-prob, logit sum, log-sum-exp), two
 # int32 label vectors and an int64 row index.
 FUSED_TOKEN_STATE_BYTES = 4 * 4 + 2 * 4 + 8
+FUSED_LABEL_BYTES = 2 * 4 + 8  # of which the label check's outputs: the two int32 label vectors and the row index
 # Columns of a tile of the statistics GEMM (kernels.gluon_row_stats.BLOCK_N): one set of partials per tile.
 STATS_TILE_COLUMNS = 128
 
@@ -114,7 +115,14 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
             tiles = -(-vocab // STATS_TILE_COLUMNS)
             return [("chunk loop", {"tile_partials": 3 * tiles * rows * FP32_BYTES, "target_logits": 2 * rows * FP32_BYTES,
                                     "token_state": token_state})]
-        return [("chunk loop", {"chunk_logits": rows * vocab * dtype_bytes, "token_state": token_state})]
+        loop = ("chunk loop", {"chunk_logits": rows * vocab * dtype_bytes, "token_state": token_state})
+        if rows < tokens or not schedule.overlaps_read_backs(tokens, hidden, vocab):
+            return [loop]
+        # One block whose first rows' logits GEMM is queued before the read-back: those rows of hidden are
+        # gathered beside the buffer, before the per-token statistics exist (the label check's outputs do).
+        early_rows = min(tokens, schedule.early_rows(hidden, vocab))
+        return [("early GEMM", {"chunk_logits": rows * vocab * dtype_bytes, "early_rows": early_rows * hidden * dtype_bytes,
+                                "label_outputs": tokens * FUSED_LABEL_BYTES}), loop]
     # With every token kept, one group of every pair reads hidden's rows and writes dX's in place (token
     # order); several groups copy their rows out for the GEMMs and their dX rows back.
     one_group = chunk.count == 1 or batch == 2

@@ -152,6 +152,21 @@ def test_model_matches_the_default_chunks_of_an_h100_record():
     assert max(abs(r["error_pct"]) for r in rows) < 0.1
 
 
+def test_model_matches_eval_calls_that_queue_their_first_gemm_early():
+    """No-grad single blocks whose first rows' logits GEMM is queued before the read-back (an H100 record): the
+    gathered early rows beside the buffer and the label check's outputs are the peak."""
+    from orpo_lib.workbook import measurements
+
+    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-eval-early-2026-12-06-h100-d1f5a03-busy.json")
+    rows = record.select("fused", "eval", mask="none")
+    assert len(rows) == 7
+    for r in rows:
+        phases = dict(memory.memory_phases("fused", r["batch"], r["seq"], r["hidden"], r["vocab"], with_grad=False))
+        model = sum(memory.peak_bytes("fused", r["batch"], r["seq"], r["hidden"], r["vocab"], with_grad=False).values())
+        assert sum(phases["early GEMM"].values()) == model
+        assert abs(r["peak_over_inputs_gib"] * memory.GIB - model) < 0.001 * model, r
+
+
 def test_eval_needs_less_than_training():
     for impl in memory.IMPLEMENTATIONS:
         assert memory.peak_gib(impl, 8, 1024, H, V, with_grad=False) < memory.peak_gib(impl, 8, 1024, H, V)
