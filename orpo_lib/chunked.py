@@ -61,7 +61,7 @@ class Options:
     grad_hidden: bool
     grad_weight: bool
     grad_bias: bool
-    single_block: bool  # schedule.single_block: every row in one block, whose gradient GEMMs wait for backward
+    single_block: bool  # schedule.single_block: every row in one block, whose gradient GEMMs (if any) wait for backward
 
     @property
     def needs_grad(self) -> bool:

@@ -162,7 +162,8 @@ def auto_chunk_rows(largest_pair_rows: int, total_rows: int, vocab: int, itemsiz
 
 
 def default_chunk_rows(vocab: int, itemsize: int) -> int:
-    """The most whole multiples of ``DEFAULT_CHUNK_ROWS`` rows whose logits fit in ``CHUNK_LOGITS_BYTES``, at least one."""
+    """The most whole multiples of ``DEFAULT_CHUNK_ROWS`` rows whose logits fit in ``CHUNK_LOGITS_BYTES`` (at least
+    one)."""
     return max(1, CHUNK_LOGITS_BYTES // (DEFAULT_CHUNK_ROWS * vocab * itemsize)) * DEFAULT_CHUNK_ROWS
 
 

@@ -121,8 +121,9 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
         # One block whose first rows' logits GEMM is queued before the read-back: those rows of hidden are
         # gathered beside the buffer, before the per-token statistics exist (the label check's outputs do).
         early_rows = min(tokens, schedule.early_rows(hidden, vocab))
-        return [("early GEMM", {"chunk_logits": rows * vocab * dtype_bytes, "early_rows": early_rows * hidden * dtype_bytes,
-                                "label_outputs": tokens * FUSED_LABEL_BYTES}), loop]
+        early = {"chunk_logits": rows * vocab * dtype_bytes, "early_rows": early_rows * hidden * dtype_bytes,
+                 "label_outputs": tokens * FUSED_LABEL_BYTES}
+        return [("early GEMM", early), loop]
     # With every token kept, one group of every pair reads hidden's rows and writes dX's in place (token
     # order); several groups copy their rows out for the GEMMs and their dX rows back.
     one_group = chunk.count == 1 or batch == 2
