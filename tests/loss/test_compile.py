@@ -42,6 +42,19 @@ def test_compiled_equals_eager(fullgraph, chunk_size):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
 
 
+@pytest.mark.parametrize("chunk_size", [None, 5])  # one block (which saves nothing), and several chunks
+def test_compiled_without_gradients_equals_eager(chunk_size):
+    torch._dynamo.reset()
+    compiled = torch.compile(loss_and_metrics, fullgraph=True)
+    problem = make_problem(4, 7, 48, 517, with_bias=True, with_nll_target=True, seed=5)
+    args = (problem["hidden"], problem["weight"], problem["target"], problem["bias"], problem["nll_target"], chunk_size)
+    with torch.no_grad():
+        eager, values = loss_and_metrics(*args), compiled(*args)
+    assert torch.equal(values[0], eager[0])
+    for name, a, b in zip(METRICS[1:], values[1:], eager[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
 def test_compiled_bad_labels_still_raise():
     torch._dynamo.reset()
     problem = make_problem(4, 7, 48, 517)
@@ -95,3 +108,7 @@ def test_the_ops_pass_opcheck():
     out = ops.fused_linear_orpo_forward(*args)
     backward_args = (torch.tensor(0.5), problem["hidden"], problem["weight"], *out[3:], True, True, True, False)
     torch.library.opcheck(ops.fused_linear_orpo_backward, backward_args, test_utils=checks)
+    # without gradients a single block saves nothing: the fake implementation must agree
+    no_grad_args = (*args[:10], False, False, False, True)
+    torch.library.opcheck(ops.fused_linear_orpo_forward, no_grad_args, test_utils=("test_schema", "test_faketensor"))
+    assert all(t.numel() == 0 for t in ops.fused_linear_orpo_forward(*no_grad_args)[3:])
