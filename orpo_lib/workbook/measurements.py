@@ -481,9 +481,8 @@ def busy_idle_rows(pattern: str, mode: str = "full", data_dir: str | Path | None
     field), each row marked with its scenario, and the caption of each record found."""
     rows, captions = [], []
     for scenario in ("busy", "idle"):
-        paths = sorted(Path(data_dir or DATA_DIR).glob(pattern.format(scenario=scenario)))
-        if paths:
-            record = load_bench_record(paths[-1])
+        record = latest_bench_record(data_dir, pattern=pattern.format(scenario=scenario))
+        if record is not None:
             captions.append(f"{scenario}: {record_caption(record)}")
             rows += [{"scenario": scenario, **row} for row in before_after_rows(record, mode)]
     return rows, captions
