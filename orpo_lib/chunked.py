@@ -193,6 +193,18 @@ class Block:
     nll_target: torch.Tensor  # (C,) int32, -1 where ignored
 
 
+def new_logits_buffer(rows: int, vocab: int, like):
+    """A (rows, vocab) logits buffer in ``like``'s dtype whose rows start on 16-byte boundaries
+    (``schedule.logits_row_columns``): a view of a slightly wider buffer where the vocabulary is odd."""
+    return like.new_empty(rows, schedule.logits_row_columns(vocab, like.element_size()))[:, :vocab]
+
+
+def with_padding(logits):
+    """The rows of a ``new_logits_buffer`` view with their padding columns: a contiguous (rows, padded) tensor, as
+    a custom op's output must be (the compiler takes its strides from the fake implementation's)."""
+    return logits.as_strided((logits.shape[0], logits.stride(0)), (logits.stride(0), 1))
+
+
 def block_rows(plan: Plan, span, hidden):
     """The block's rows of hidden: a view in token order, a gather otherwise."""
     start, end = span
@@ -476,7 +488,7 @@ class Forward:
     metrics: torch.Tensor  # output.METRICS, then the chosen and the rejected rewards (kernels.call_terms)
     seq_logp: torch.Tensor  # (B,) chosen sequences, then rejected ones
     sums: GradSums | None = None
-    logit_grads: torch.Tensor | None = None  # (kept, V) G of the single block
+    logit_grads: torch.Tensor | None = None  # (kept, padded V) G of the single block, in its first V columns
     row_tokens: torch.Tensor | None = None  # (kept,) its rows' token indices; None in token order
 
 
@@ -494,7 +506,7 @@ def early_logits(hidden, weight, bias, kept_order) -> EarlyLogits:
     turn out to be: in token order when no token is dropped, in that order otherwise."""
     batch, seq, size = hidden.shape
     rows = min(batch * seq, schedule.early_rows(size, weight.shape[0]))
-    buffer = hidden.new_empty(batch * seq, weight.shape[0])
+    buffer = new_logits_buffer(batch * seq, weight.shape[0], hidden)
     linear_into(buffer[:rows], gather_rows(hidden, kept_order[:rows]), weight, bias)
     return EarlyLogits(buffer, rows)
 
@@ -525,7 +537,7 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
     else:
         first_span = plan.groups[0].blocks[0]
         if early is None:
-            buffer = hidden.new_empty(plan.buffer_rows, weight.shape[0])
+            buffer = new_logits_buffer(plan.buffer_rows, weight.shape[0], hidden)
             x, logits = block_logits(plan, first_span, buffer, hidden, weight, bias)
         else:  # a single block (its x is read again in backward)
             buffer, x = early.buffer, None
@@ -549,7 +561,7 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
         dropped_sums = dropped_logit_sums(hidden, weight, bias, counts)
     loss, metrics = call_terms(call.stats, counts, dropped_sums, weight.shape[0], opts.beta, opts.compute_nll_loss)
     if opts.single_block and opts.needs_grad:  # the single block fills the buffer (up to its kept rows)
-        return Forward(loss, metrics, call.stats.seq_logp, logit_grads=call.buffer[:plan.buffer_rows],
+        return Forward(loss, metrics, call.stats.seq_logp, logit_grads=with_padding(call.buffer[:plan.buffer_rows]),
                        row_tokens=plan.row_tokens)
     return Forward(loss, metrics, call.stats.seq_logp, sums=sums)
 

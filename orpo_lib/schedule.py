@@ -39,6 +39,14 @@ ONE_PASS_BLOCK_ROWS = 8192
 ONE_PASS_BUDGET_BYTES = 16 << 30
 
 
+def logits_row_columns(vocab: int, itemsize: int) -> int:
+    """Columns a row of the logits buffer spans: the vocabulary rounded up to 16 bytes, so that every row starts
+    on a 16-byte boundary. At an odd vocabulary (GPT-2's 50257; 32001, a Llama's 32000 plus a pad token) rows
+    packed back to back would not, and the row kernels and cuBLAS could then not load them in 16-byte vectors."""
+    per_vector = max(16 // itemsize, 1)
+    return -(-vocab // per_vector) * per_vector
+
+
 @dataclass(frozen=True)
 class ChunkGroup:
     """Whole pairs [first_pair, end_pair) whose rows [blocks[0][0], blocks[-1][1]) are processed together."""

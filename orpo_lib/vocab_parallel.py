@@ -99,7 +99,7 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
                   else torch.arange(tokens, device=hidden.device))
     rows = chunk_size or schedule.DEFAULT_CHUNK_ROWS
     spans = [(r, min(r + rows, kept)) for r in range(0, kept, rows)]
-    buffer = hidden.new_empty(spans[0][1] - spans[0][0], shard)
+    buffer = chunked.new_logits_buffer(spans[0][1] - spans[0][0], shard, hidden)
     flat = None if dropped else chunked.hidden_rows(hidden)  # hidden's rows in place, where its strides allow
 
     def block(span, target, nll_target, logits_ready=False):

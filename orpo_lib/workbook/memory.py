@@ -106,7 +106,8 @@ def one_pass_fits(seq: int, hidden: int, vocab: int, dtype_bytes: int, dw_fp32: 
 def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, with_grad, statistics_in_gemm=False):
     tokens = batch * seq
     chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes, hidden=hidden, dw_fp32=dw_fp32)
-    buffer = chunk.rows * vocab * dtype_bytes
+    row_bytes = schedule.logits_row_columns(vocab, dtype_bytes) * dtype_bytes  # rows start on 16-byte boundaries
+    buffer = chunk.rows * row_bytes
     token_state = tokens * FUSED_TOKEN_STATE_BYTES
     if not with_grad:
         # Without gradients the chunks need not hold whole pairs, and read hidden's rows in place.
@@ -115,13 +116,13 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
             tiles = -(-vocab // STATS_TILE_COLUMNS)
             return [("chunk loop", {"tile_partials": 3 * tiles * rows * FP32_BYTES, "target_logits": 2 * rows * FP32_BYTES,
                                     "token_state": token_state})]
-        loop = ("chunk loop", {"chunk_logits": rows * vocab * dtype_bytes, "token_state": token_state})
+        loop = ("chunk loop", {"chunk_logits": rows * row_bytes, "token_state": token_state})
         if rows < tokens or not schedule.overlaps_read_backs(tokens, hidden, vocab):
             return [loop]
         # One block whose first rows' logits GEMM is queued before the read-back: those rows of hidden are
         # gathered beside the buffer, before the per-token statistics exist (the label check's outputs do).
         early_rows = min(tokens, schedule.early_rows(hidden, vocab))
-        early = {"chunk_logits": rows * vocab * dtype_bytes, "early_rows": early_rows * hidden * dtype_bytes,
+        early = {"chunk_logits": rows * row_bytes, "early_rows": early_rows * hidden * dtype_bytes,
                  "label_outputs": tokens * FUSED_LABEL_BYTES}
         return [("early GEMM", early), loop]
     # With every token kept, one group of every pair reads hidden's rows and writes dX's in place (token

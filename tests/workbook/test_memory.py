@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from orpo_lib import schedule
+from orpo_lib import chunked, schedule
 from orpo_lib.workbook import memory
 from orpo_lib.workbook.measurements import H200_ANCHORS, latest_bench_record
 
@@ -63,6 +63,21 @@ def test_one_block_when_it_costs_no_more_than_a_float32_accumulator():
     # without a float32 accumulator (weight-dtype dW, or fp32 weights) there is nothing to trade
     assert memory.chunking(8, 1024, None, V, 2, hidden=H, dw_fp32=False).count == 2
     assert memory.chunking(8, 1024, None, V, 4, hidden=H).count == 2
+
+
+def test_logits_rows_start_on_16_byte_boundaries():
+    """An odd vocabulary gets a buffer a few columns wider, so that each row starts on a 16-byte boundary; the
+    memory model counts those columns."""
+    assert [schedule.logits_row_columns(v, 2) for v in (32000, 32001, 50257, 128256)] == [32000, 32008, 50264, 128256]
+    assert schedule.logits_row_columns(517, 4) == 520 and schedule.logits_row_columns(517, 8) == 518
+    like = torch.empty(0, dtype=torch.bfloat16)
+    buffer = chunked.new_logits_buffer(5, 50257, like)
+    assert buffer.shape == (5, 50257) and buffer.stride() == (50264, 1)
+    assert all((buffer[i].data_ptr() - buffer.data_ptr()) % 16 == 0 for i in range(5))
+    padded = chunked.with_padding(buffer[:3])
+    assert padded.shape == (3, 50264) and padded.is_contiguous() and padded.data_ptr() == buffer.data_ptr()
+    phases = dict(memory.memory_phases("fused", 2, 1024, 1024, 50257, 2, with_grad=False))
+    assert phases["chunk loop"]["chunk_logits"] == 2048 * 50264 * 2
 
 
 def test_default_chunk_holds_about_a_gibibyte_of_logits():
