@@ -76,7 +76,7 @@ def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, 
         if grad_hidden or grad_weight or grad_bias:  # (without gradients a single block saves nothing)
             ctx = torch.library.get_ctx()
             # as many rows as the labels keep, each with the buffer's padding (schedule.logits_row_columns)
-            columns = schedule.logits_row_columns(vocab, hidden.element_size())
+            columns = schedule.logits_row_columns(vocab)
             logit_grads = hidden.new_empty(ctx.new_dynamic_size(), columns)
             row_tokens = target.new_empty(ctx.new_dynamic_size(), dtype=torch.int64)  # 0 rows in token order
     else:
@@ -97,7 +97,7 @@ def _backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tenso
     grad_loss = grad_loss.to(chunked.stats_dtype(hidden.dtype))
     with on_device(hidden.device), torch.autocast(hidden.device.type, enabled=False):
         if single_block:
-            grads = chunked.backward_from_logit_grads(grad_loss, hidden, weight, logit_grads[:, :weight.shape[0]],
+            grads = chunked.backward_from_logit_grads(grad_loss, hidden, weight, logit_grads,
                                                       row_tokens if row_tokens.numel() else None,
                                                       grad_hidden=grad_hidden, grad_weight=grad_weight,
                                                       grad_bias=grad_bias)

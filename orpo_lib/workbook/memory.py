@@ -106,8 +106,10 @@ def one_pass_fits(seq: int, hidden: int, vocab: int, dtype_bytes: int, dw_fp32: 
 def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, with_grad, statistics_in_gemm=False):
     tokens = batch * seq
     chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes, hidden=hidden, dw_fp32=dw_fp32)
-    row_bytes = schedule.logits_row_columns(vocab, dtype_bytes) * dtype_bytes  # rows start on 16-byte boundaries
-    buffer = chunk.rows * row_bytes
+    columns = schedule.logits_row_columns(vocab)  # rows start on 16-byte boundaries
+    buffer = chunk.rows * columns * dtype_bytes
+    # chunked.gemm_head: at an odd vocabulary the GEMMs take a copy of W with zero rows up to the row width
+    head = {"padded_head": columns * hidden * dtype_bytes if columns != vocab else 0}
     token_state = tokens * FUSED_TOKEN_STATE_BYTES
     if not with_grad:
         # Without gradients the chunks need not hold whole pairs, and read hidden's rows in place.
@@ -116,14 +118,14 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
             tiles = -(-vocab // STATS_TILE_COLUMNS)
             return [("chunk loop", {"tile_partials": 3 * tiles * rows * FP32_BYTES, "target_logits": 2 * rows * FP32_BYTES,
                                     "token_state": token_state})]
-        loop = ("chunk loop", {"chunk_logits": rows * row_bytes, "token_state": token_state})
+        loop = ("chunk loop", {"chunk_logits": rows * columns * dtype_bytes, "token_state": token_state, **head})
         if rows < tokens or not schedule.overlaps_read_backs(tokens, hidden, vocab):
             return [loop]
         # One block whose first rows' logits GEMM is queued before the read-back: those rows of hidden are
         # gathered beside the buffer, before the per-token statistics exist (the label check's outputs do).
         early_rows = min(tokens, schedule.early_rows(hidden, vocab))
-        early = {"chunk_logits": rows * row_bytes, "early_rows": early_rows * hidden * dtype_bytes,
-                 "label_outputs": tokens * FUSED_LABEL_BYTES}
+        early = {"chunk_logits": rows * columns * dtype_bytes, "early_rows": early_rows * hidden * dtype_bytes,
+                 "label_outputs": tokens * FUSED_LABEL_BYTES, **head}
         return [("early GEMM", early), loop]
     # With every token kept, one group of every pair reads hidden's rows and writes dX's in place (token
     # order); several groups copy their rows out for the GEMMs and their dX rows back.
@@ -131,7 +133,7 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
     gathered_rows = 0 if one_group else chunk.rows * hidden * dtype_bytes
     dx = tokens * hidden * dtype_bytes
     dw = vocab * hidden * dtype_bytes
-    dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows}
+    dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows, **head}
     dx_gemm = {**dw_operand, "chunk_dx_rows": gathered_rows}  # the chunk's dX rows, before they go into dX
     if chunk.count == 1:
         # One chunk: its dX and dW GEMMs wait for backward; dW is produced once, in the weight dtype, and dX,
@@ -143,7 +145,8 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
         ]
     dw_accumulator = vocab * hidden * (FP32_BYTES if dw_fp32 else dtype_bytes)
     if chunk.one_pass:
-        return _one_pass_phases(batch, seq, hidden, chunk, buffer, dtype_bytes, dw_accumulator, dx, dw, token_state)
+        return _one_pass_phases(batch, seq, hidden, chunk, buffer, dtype_bytes, dw_accumulator, dx, dw,
+                                {"token_state": token_state, **head})
     common = {"dw_accumulator": dw_accumulator, "dx": dx, "token_state": token_state}
     # Backward scales the saved sums into new tensors and leaves the sums as they are (a retained graph
     # can run backward again), so dX and dW exist twice until autograd releases the saved ones.
@@ -152,12 +155,12 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
             ("backward", backward)]
 
 
-def _one_pass_phases(batch, seq, hidden, chunk, buffer, dtype_bytes, dw_accumulator, dx, dw, token_state):
+def _one_pass_phases(batch, seq, hidden, chunk, buffer, dtype_bytes, dw_accumulator, dx, dw, forward_state):
     """At a pair's end: its two sequences' dW sums and its dX rows in float32, before their coefficients. One
     pair reads hidden and writes dX in token order; with several, the rows are gathered, their dX rows staged,
     and the sums from the second pair on add to a dW sum (the first pair's dW is made in place of its sum)."""
     pair_end = {"chunk_logits": buffer, "sequence_dw_sums": 2 * dw_accumulator,
-                "pair_dx_rows_fp32": 2 * seq * hidden * FP32_BYTES, "dx": dx, "token_state": token_state}
+                "pair_dx_rows_fp32": 2 * seq * hidden * FP32_BYTES, "dx": dx, **forward_state}
     if batch > 2:
         pair_end.update(dw_accumulator=dw_accumulator, gathered_rows=chunk.rows * hidden * dtype_bytes,
                         pair_dx_rows=2 * seq * hidden * dtype_bytes)
@@ -356,7 +359,8 @@ def model_vs_measured(record, impls: tuple[str, ...] = IMPLEMENTATIONS) -> list[
         model = peak_gib(r["provider"], r["batch"], r["seq"], r["hidden"], r["vocab"], dtype_bytes[r.get("dtype", "bfloat16")], **options)
         measured = r["peak_over_inputs_gib"]
         rows.append({
-            "impl": r["provider"], "batch": r["batch"], "seq": r["seq"], "chunk": r.get("chunk_size"),
+            "impl": r["provider"], "batch": r["batch"], "seq": r["seq"], "hidden": r["hidden"], "vocab": r["vocab"],
+            "chunk": r.get("chunk_size"),
             "measured_gib": measured, "model_gib": model, "error_pct": 100.0 * (model - measured) / measured,
         })
     return rows
