@@ -448,6 +448,18 @@ def softmax_mm_rows(record: dict) -> list[dict]:
              **{label: r[key] / r["cublas_dx_ms"] for label, key in SOFTMAX_MM_COLUMNS}} for r in record["results"]]
 
 
+LAYOUT_STEPS = ("logits_gemm", "row_stats", "row_grads", "dx_gemm", "dw_gemm")
+
+
+def layout_rows(record: dict) -> list[dict]:
+    """Per shape of an ``aligned-rows-*.json`` record (an odd vocabulary): each step's time with the rows packed
+    back to back and with the library's layout (rows padded to 16 columns, W with zero rows to match), and the
+    copy of W that layout costs a call."""
+    return [{"shape": f"{r['rows']}×{r['hidden']}×{r['vocab']}", "head_copy_ms": r["head_copy_ms"],
+             **{f"{step}_{layout}": r[layout][f"{step}_ms"] for step in LAYOUT_STEPS for layout in ("packed", "padded")}}
+            for r in record["results"]]
+
+
 def small_call_rows(record: dict) -> list[dict]:
     """Per shape of a ``small-call-stalls-*.json`` record: each variant's median over the floor's in the same
     run, with the GPU idle at the call's start (as the harness times) and busy (after a GEMM standing in for

@@ -169,6 +169,22 @@ def test_model_matches_the_default_chunks_of_an_h100_record():
     assert len(aligned) == 7 and max(abs(r["error_pct"]) for r in aligned) < 0.1
 
 
+def test_model_matches_odd_vocabularies_of_an_h100_record():
+    """At an odd vocabulary the buffer's rows are padded to 16 columns and the GEMMs take a copy of W with zero rows
+    to match: the model counts both, against single blocks at V = 50257, 32001 and 128257 and two aligned controls."""
+    from orpo_lib.workbook import measurements
+
+    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-padded-head-2026-12-06-h100-2ac8dd8-busy.json")
+    rows = memory.model_vs_measured(record, impls=("fused",))
+    assert sorted(r["vocab"] for r in rows) == [32000, 32001, 32001, 50257, 128256, 128257]
+    assert max(abs(r["error_pct"]) for r in rows) < 0.1
+    odd = [r for r in record.select("fused", "eval", mask="none") if r["vocab"] % 16]
+    assert len(odd) == 4
+    for r in odd:
+        model = memory.peak_gib("fused", r["batch"], r["seq"], r["hidden"], r["vocab"], with_grad=False)
+        assert abs(r["peak_over_inputs_gib"] - model) < 0.001 * model, r
+
+
 def test_model_matches_eval_calls_that_queue_their_first_gemm_early():
     """No-grad single blocks whose first rows' logits GEMM is queued before the read-back (an H100 record): the
     gathered early rows beside the buffer and the label check's outputs are the peak."""

@@ -313,6 +313,33 @@ def test_kernel_tuning_default_chunk(runs):
     assert len(large) == 12 and max(abs(x) for x in large) < 0.025
 
 
+def test_kernel_tuning_odd_vocabulary(runs):
+    from orpo_lib.workbook import measurements
+
+    r = _record(runs, "04-kernel-tuning")
+    layout = r["odd_vocabulary_layout"]
+    assert layout == measurements.layout_rows(measurements.latest_record("aligned-rows-*-2ac8dd8.json"))
+    by_shape = {row["shape"]: {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()} for row in layout}
+    # as the text says: statistics 0.69 -> 0.30 ms; the logits GEMM 8.66 -> 1.30 and 42.97 -> 6.31 ms; the copy of W
+    # 1.02 ms; the dW GEMM 9.56 against the dX GEMM's 5.38 ms
+    gpt2, llama = by_shape["8192×1024×50257"], by_shape["4096×4096×128257"]
+    assert (gpt2["row_stats_packed"], gpt2["row_stats_padded"]) == (0.69, 0.30)
+    assert (gpt2["logits_gemm_packed"], gpt2["logits_gemm_padded"]) == (8.66, 1.30)
+    assert (llama["logits_gemm_packed"], llama["logits_gemm_padded"]) == (42.97, 6.31)
+    assert llama["head_copy_ms"] == 1.02 and (llama["dw_gemm_padded"], llama["dx_gemm_padded"]) == (9.56, 5.38)
+    # the whole calls (busy only: the run had no idle record)
+    shown = r["odd_vocabulary_rows"]
+    want, captions = measurements.busy_idle_rows("ab-padded-head-*-2ac8dd8-{scenario}.json")
+    assert len(captions) == 1 and shown == want
+    by = {(row["batch"], row["seq"], row["hidden"], row["vocab"], row["mask"]): row for row in shown}
+    for key, ratios in {(4, 2048, 1024, 50257, "none"): (1.081, 0.250), (2, 1024, 4096, 128257, "none"): (1.010, 0.248)}.items():
+        assert (round(by[key]["before"], 3), round(by[key]["fused"], 3)) == ratios
+    peaks = by[2, 1024, 4096, 128257, "none"]
+    assert round(peaks["fused_peak_gib"] - peaks["before_peak_gib"], 2) == 0.98
+    aligned = sorted(round(100 * (row["fused"] / row["before"] - 1), 1) for key, row in by.items() if key[3] % 16 == 0)
+    assert (aligned[0], aligned[-1]) == (0.2, 0.9)
+
+
 def test_memory_notebook_vocab_parallel_table(runs):
     r = _record(runs, "03-memory")
     expected = {str(row["ranks"]): row["peak_gib"] for row in memory.vocab_parallel_table(16, 4096, 4096, 128256)}
