@@ -2,7 +2,8 @@
 
 How one block of C token rows is processed (G is dL/dlogits, P the softmax, X the block's hidden rows):
 
-1. ``logits = X @ W.T (+ bias)`` into a C×V buffer (cuBLAS).
+1. ``logits = X @ W.T (+ bias)`` into a C×V buffer (cuBLAS), whose rows are a multiple of 16 columns wide; at
+   an odd vocabulary the GEMMs take W with zero rows to match (``gemm_head``), so that every load is aligned.
 2. ``row_stats_kernel`` reads it once: log-sum-exp, target log-probs and logit sums per row. None of
    this depends on the other sequence of the pair.
 3. ``pair_terms_kernel``, once every row of the chunk's pairs has its log-prob: each sequence's mean
