@@ -196,7 +196,8 @@ class Block:
 
 def new_logits_buffer(rows: int, vocab: int, like):
     """A (rows, vocab) logits buffer in ``like``'s dtype whose rows start on 16-byte boundaries
-    (``schedule.logits_row_columns``): a view of a slightly wider buffer where the vocabulary is odd."""
+    (``schedule.logits_row_columns``): a view of a slightly wider buffer where the vocabulary is not a multiple
+    of 16."""
     return like.new_empty(rows, schedule.logits_row_columns(vocab))[:, :vocab]
 
 
