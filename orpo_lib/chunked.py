@@ -4,6 +4,7 @@ How one block of C token rows is processed (G is dL/dlogits, P the softmax, X th
 
 1. ``logits = X @ W.T (+ bias)`` into a C×V buffer (cuBLAS), whose rows are a multiple of 16 columns wide; at
    an odd vocabulary the GEMMs take W with zero rows to match (``gemm_head``), so that every load is aligned.
+   (The padding columns hold zeros, which stay zeros through steps 2 to 4.)
 2. ``row_stats_kernel`` reads it once: log-sum-exp, target log-probs and logit sums per row. None of
    this depends on the other sequence of the pair.
 3. ``pair_terms_kernel``, once every row of the chunk's pairs has its log-prob: each sequence's mean
@@ -12,7 +13,8 @@ How one block of C token rows is processed (G is dL/dlogits, P the softmax, X th
 4. ``row_grads_kernel`` rewrites the buffer in place into G (one read, one write), its two target
    columns from the float32 log-probs so that nothing cancels when p ≈ 1.
 5. ``dX = G @ W`` and ``dW += G.T @ X``: the GEMMs see the gradient exactly as the materialising
-   baseline would, rounded once to the input dtype.
+   baseline would, rounded once to the input dtype. Both take G's rows with their padding columns, so that
+   every dimension is aligned: dW's sum then has a zero row per padding column, left out at the end.
 
 After the last block, ``call_terms_kernel`` forms the loss and the metrics vector in one launch.
 
@@ -269,7 +271,7 @@ class GradSums:
     dx: torch.Tensor | None  # (B*T, H) in hidden's dtype
     db: torch.Tensor | None  # (V,) in the statistics dtype
     dw_dtype: torch.dtype | None  # float32 (float64 for float64 inputs) or hidden's dtype; None: no dW
-    dw: torch.Tensor | None = None  # (V, H), made by the first block
+    dw: torch.Tensor | None = None  # (padded V, H): its first V rows, made by the first block
 
 
 def new_grad_sums(hidden, weight, plan: Plan, opts: Options) -> GradSums:
@@ -293,9 +295,9 @@ def add_block_grads(sums: GradSums, block: Block, weight, token_order: bool) -> 
             sums.dx.index_copy_(0, block.tokens, torch.mm(with_padding(grad), weight))
     if sums.dw_dtype is not None:
         if sums.dw is None:
-            sums.dw = _mm(grad.t(), block.x, sums.dw_dtype)
+            sums.dw = _mm(with_padding(grad).t(), block.x, sums.dw_dtype)
         else:
-            accumulate_mm(sums.dw, grad.t(), block.x)
+            accumulate_mm(sums.dw, with_padding(grad).t(), block.x)
     if sums.db is not None:
         sums.db += grad.sum(0, dtype=sums.db.dtype)
 
@@ -418,7 +420,7 @@ class PairSums:
     """The gradient GEMMs of a pair's response rows in one pass, before its two coefficients (None: not needed)."""
 
     dx_rows: torch.Tensor | None  # (response rows, H) Q = U·W of each row, in the statistics dtype
-    dw: list  # [chosen, rejected] (V, H) Σ Uᵀ·X in the dW sum dtype, each made by its sequence's first block
+    dw: list  # [chosen, rejected] (padded V, H) Σ Uᵀ·X in the dW sum dtype, each made by its sequence's first block
     db: torch.Tensor | None  # (2, V) Σ U of the chosen and of the rejected sequence
 
 
@@ -457,9 +459,9 @@ def add_to_pair_sums(pair: PairSums, block: Block, group, weight, dw_dtype) -> N
         mm_into(pair.dx_rows[block.span[0] - first:block.span[1] - first], with_padding(grad), weight)
     if dw_dtype is not None:
         if pair.dw[side] is None:
-            pair.dw[side] = _mm(grad.t(), block.x, dw_dtype)
+            pair.dw[side] = _mm(with_padding(grad).t(), block.x, dw_dtype)
         else:
-            accumulate_mm(pair.dw[side], grad.t(), block.x)
+            accumulate_mm(pair.dw[side], with_padding(grad).t(), block.x)
     if pair.db is not None:
         pair.db[side] += grad.sum(0, dtype=pair.db.dtype)
 
@@ -642,13 +644,15 @@ def dropped_bias_sums(bias, counts: TokenCounts, hidden_shape, taken: int):
     return torch.stack([bias_sum * (pairs * seq - sum(half) - taken) for half in (kept[:pairs], kept[pairs:])])
 
 
-def backward_from_sums(grad_loss, sums: GradSums, hidden_shape, weight_dtype):
-    """Several blocks: the upstream gradient times the saved sums, into new tensors."""
+def backward_from_sums(grad_loss, sums: GradSums, hidden_shape, vocab: int, weight_dtype):
+    """Several blocks: the upstream gradient times the saved sums, into new tensors (dW: (vocab, H), bias: (vocab,),
+    in the weight dtype)."""
     dx = dw = db = None
     if sums.dx is not None:
         dx = kernels.scale(sums.dx, grad_loss, out=torch.empty_like(sums.dx)).view(hidden_shape)
-    if sums.dw is not None:  # a float32 sum is cast to the weight dtype as it is scaled
-        dw = kernels.scale(sums.dw, grad_loss, out=sums.dw.new_empty(sums.dw.shape, dtype=weight_dtype))
+    if sums.dw is not None:  # a float32 sum is cast to the weight dtype as it is scaled; its padding rows left out
+        dw = sums.dw[:vocab]
+        dw = kernels.scale(dw, grad_loss, out=dw.new_empty(dw.shape, dtype=weight_dtype))
     if sums.db is not None:
         db = (sums.db * grad_loss).to(weight_dtype)
     return dx, dw, db
@@ -657,7 +661,8 @@ def backward_from_sums(grad_loss, sums: GradSums, hidden_shape, weight_dtype):
 def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens, *, grad_hidden: bool,
                               grad_weight: bool, grad_bias: bool):
     """One block: dX = g·G·W, dW = g·Gᵀ·X, dbias = g·Σ G, with G as forward left it (``logit_grads``: its rows
-    with their padding columns, zeros, which the dX GEMM takes with ``gemm_head``'s zero rows).
+    with their padding columns, zeros, which the dX GEMM takes with ``gemm_head``'s zero rows and the dW GEMM
+    turns into zero rows of its result, left out).
 
     cuBLAS applies the upstream gradient g to dW as the GEMM's scale factor, which it takes from the host.
     Where the GEMMs are long enough (``schedule.overlaps_read_backs``), g's copy to the host is queued first,
@@ -670,15 +675,15 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     copied = copy_to_host(grad_loss) if overlap and grad_weight else None  # waited for at the dW GEMM
     scale = None if overlap else grad_loss.item()
     dx = dw = db = None
-    grads = logit_grads[:, :weight.shape[0]]
     if grad_hidden:
         head, _ = gemm_head(weight, None)
         rows = scaled_on_device(grad_loss, logit_grads, head) if overlap else _scaled_mm(logit_grads, head, scale)
         dx = token_rows(rows, row_tokens, hidden).view(hidden.shape)
     if grad_weight:
         x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
-        dw = _scaled_mm(grads.t(), x, copied().item() if overlap else scale)
+        dw = _scaled_mm(logit_grads.t(), x, copied().item() if overlap else scale)[:weight.shape[0]]
     if grad_bias:
+        grads = logit_grads[:, :weight.shape[0]]
         db = (grads.sum(0, dtype=stats_dtype(hidden.dtype)) * grad_loss).to(hidden.dtype)
     return dx, dw, db
 

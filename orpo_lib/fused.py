@@ -5,9 +5,9 @@ custom op, so that ``torch.compile`` sees each as one opaque call with a fake (s
 implementation and never traces the Triton launches or the in-place rewrites of the logits buffer.
 An ``autograd.Function`` joins them; it calls the ops when traced and the functions themselves otherwise:
 
-* ``orpo_lib::fused_linear_orpo_forward`` — label check, chunk loop, loss terms; it also returns what
+* ``orpo_lib::fused_linear_orpo_forward_v2`` — label check, chunk loop, loss terms; it also returns what
   backward needs (the unscaled gradient sums, or the gradient of the logits of a single block).
-* ``orpo_lib::fused_linear_orpo_backward`` — applies the upstream gradient to those, into new tensors.
+* ``orpo_lib::fused_linear_orpo_backward_v2`` — applies the upstream gradient to those, into new tensors.
 
 Which of the two kinds of saved state forward returns is decided from shapes and options alone
 (``schedule.single_block``: with gradients, one block saves its gradient of the logits), so the compiled
@@ -27,6 +27,13 @@ from .validation import check_arguments, check_labels, check_options, on_device,
 # The ops' namespace is the package's name, so that a second copy of the package loaded beside this one
 # (the benchmark's --before) registers ops of its own instead of clashing with these.
 _OPS = __package__
+# Inductor's FX graph cache keys a compiled graph on the ops' names, not on their fake implementations
+# (pytorch/pytorch#160472; torch 2.13 still does), so a cache written with an older copy of this package would
+# bring back the shapes that copy's ops returned, and fail at the first call. The names carry the version of what
+# the ops return: change it with any change to a fake implementation (tests/loss/test_compile.py holds the shapes
+# of this version).
+OPS_VERSION = 2
+FORWARD_OP, BACKWARD_OP = (f"fused_linear_orpo_{step}_v{OPS_VERSION}" for step in ("forward", "backward"))
 
 
 def _empty(like):
@@ -59,7 +66,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return (out.loss, out.metrics, out.seq_logp, *saved, row_tokens)
 
 
-_forward_op = torch.library.custom_op(f"{_OPS}::fused_linear_orpo_forward", _forward, mutates_args=())
+_forward_op = torch.library.custom_op(f"{_OPS}::{FORWARD_OP}", _forward, mutates_args=())
 
 
 @_forward_op.register_fake
@@ -83,7 +90,9 @@ def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, 
         if grad_hidden:
             dx = hidden.new_empty(batch * seq, size)
         if grad_weight:
-            dw = hidden.new_empty(vocab, size, dtype=chunked.dw_sum_dtype(hidden.dtype, fp32_weight_grad))
+            # a row per column of the buffer (schedule.logits_row_columns): the padding's rows are zeros
+            dw = hidden.new_empty(schedule.logits_row_columns(vocab), size,
+                                  dtype=chunked.dw_sum_dtype(hidden.dtype, fp32_weight_grad))
         if grad_bias:
             db = hidden.new_empty(vocab, dtype=acc)
     return (*terms, dx, dw, db, logit_grads, row_tokens)
@@ -104,11 +113,11 @@ def _backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tenso
         else:
             sums = chunked.GradSums(dx_sum if grad_hidden else None, db_sum if grad_bias else None,
                                     dw_sum.dtype if grad_weight else None, dw_sum if grad_weight else None)
-            grads = chunked.backward_from_sums(grad_loss, sums, hidden.shape, weight.dtype)
+            grads = chunked.backward_from_sums(grad_loss, sums, hidden.shape, weight.shape[0], weight.dtype)
     return tuple(_empty(hidden) if g is None else g for g in grads)
 
 
-_backward_op = torch.library.custom_op(f"{_OPS}::fused_linear_orpo_backward", _backward, mutates_args=())
+_backward_op = torch.library.custom_op(f"{_OPS}::{BACKWARD_OP}", _backward, mutates_args=())
 
 
 @_backward_op.register_fake

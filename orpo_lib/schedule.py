@@ -105,13 +105,14 @@ def eligible_pairs(one_pass_blockers: list) -> list:
 
 def one_pass_bytes(pair_rows: int, hidden_size: int, vocab: int, *, nll_only_rows: int, sum_itemsize: int,
                    stats_itemsize: int, grad_hidden: bool, grad_weight: bool, grad_bias: bool) -> int:
-    """What a pair in one pass holds beyond the logits buffer until its end: per sequence a V×H dW sum (in
-    the dW sum's dtype) and a V dbias sum, and the dX rows of its odds-ratio rows before their coefficient
-    (in the statistics dtype, so that each dX element is rounded once). A pair with ``nll_only_rows`` adds
-    their gradients to the call's dW and dbias sums before its end, which the first such pair makes: one
-    more V×H and V sum, counted whether or not an earlier pair made them already."""
+    """What a pair in one pass holds beyond the logits buffer until its end: per sequence a dW sum in the dW
+    sum's dtype (a row per column of the buffer, ``logits_row_columns``) and a V dbias sum, and the dX rows of
+    its odds-ratio rows before their coefficient (in the statistics dtype, so that each dX element is rounded
+    once). A pair with ``nll_only_rows`` adds their gradients to the call's dW and dbias sums before its end,
+    which the first such pair makes: one more of each, counted whether or not an earlier pair made them already."""
     sums = 2 + (nll_only_rows > 0)
-    return (grad_weight * sums * vocab * hidden_size * sum_itemsize + grad_bias * sums * vocab * stats_itemsize
+    return (grad_weight * sums * logits_row_columns(vocab) * hidden_size * sum_itemsize
+            + grad_bias * sums * vocab * stats_itemsize
             + grad_hidden * (pair_rows - nll_only_rows) * hidden_size * stats_itemsize)
 
 

@@ -142,7 +142,7 @@ class _VocabParallelORPO(torch.autograd.Function):
             terms, dx, dw = _forward(hidden, weight, target, nll_target, group, beta, ignore_index, compute_nll_loss,
                                      chunk_size, grad_hidden, grad_weight)
         ctx.save_for_backward(dx, dw)  # only read in backward: a retained graph can run it again
-        ctx.shape_and_dtype = hidden.shape, weight.dtype
+        ctx.shapes_and_dtype = hidden.shape, weight.shape[0], weight.dtype
         loss, *metrics = terms
         ctx.mark_non_differentiable(*metrics)
         return loss, *metrics
@@ -150,11 +150,11 @@ class _VocabParallelORPO(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *_metrics):
         dx, dw = ctx.saved_tensors
-        shape, weight_dtype = ctx.shape_and_dtype
+        shape, vocab, weight_dtype = ctx.shapes_and_dtype
         sums = chunked.GradSums(dx, None, None if dw is None else dw.dtype, dw)
         with on_device(grad_loss.device):
             grad_hidden, grad_weight, _ = chunked.backward_from_sums(grad_loss.to(chunked.stats_dtype(weight_dtype)),
-                                                                     sums, shape, weight_dtype)
+                                                                     sums, shape, vocab, weight_dtype)
         return grad_hidden, grad_weight, None, None, None
 
 

@@ -133,6 +133,8 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
     gathered_rows = 0 if one_group else chunk.rows * hidden * dtype_bytes
     dx = tokens * hidden * dtype_bytes
     dw = vocab * hidden * dtype_bytes
+    # the dW GEMMs take G's rows with their padding columns: a (padded V, H) result, its padding rows left out
+    padded_dw = columns * hidden * dtype_bytes
     dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows, **head}
     dx_gemm = {**dw_operand, "chunk_dx_rows": gathered_rows}  # the chunk's dX rows, before they go into dX
     if chunk.count == 1:
@@ -141,9 +143,9 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
         dx_fp32 = chunk.rows * hidden * FP32_BYTES if schedule.overlaps_read_backs(tokens, hidden, vocab) else 0
         return [
             ("chunk dX GEMM", {**dx_gemm, "chunk_dx_fp32": dx_fp32, "dx": dx, "token_state": token_state}),
-            ("chunk dW GEMM", {**dw_operand, "dw": dw, "dx": dx, "token_state": token_state}),
+            ("chunk dW GEMM", {**dw_operand, "dw": padded_dw, "dx": dx, "token_state": token_state}),
         ]
-    dw_accumulator = vocab * hidden * (FP32_BYTES if dw_fp32 else dtype_bytes)
+    dw_accumulator = columns * hidden * (FP32_BYTES if dw_fp32 else dtype_bytes)
     if chunk.one_pass:
         return _one_pass_phases(batch, seq, hidden, chunk, buffer, dtype_bytes, dw_accumulator, dx, dw,
                                 {"token_state": token_state, **head})

@@ -5,6 +5,7 @@ import torch
 import torch._dynamo.testing
 
 import orpo_lib
+from orpo_lib import fused
 from conftest import make_problem
 
 METRICS = ("loss", "nll_loss", "or_loss", "chosen_logps", "rejected_logps", "log_odds_ratio", "log_odds_chosen",
@@ -75,8 +76,8 @@ def test_compiled_graphs_call_the_custom_ops(chunk_size):
     (forward,), (backward,) = backend.fw_graphs, backend.bw_graphs
     forward_targets = {node.target for node in forward.graph.nodes if node.op == "call_function"}
     backward_targets = {node.target for node in backward.graph.nodes if node.op == "call_function"}
-    assert ops.fused_linear_orpo_forward.default in forward_targets
-    assert ops.fused_linear_orpo_backward.default in backward_targets
+    assert getattr(ops, fused.FORWARD_OP).default in forward_targets
+    assert getattr(ops, fused.BACKWARD_OP).default in backward_targets
     assert torch.ops.aten.mm.default not in forward_targets | backward_targets  # no GEMM of the chunk loop traced
 
 
@@ -102,13 +103,43 @@ def test_the_ops_pass_opcheck():
     problem = make_problem(4, 7, 48, 517, with_bias=True)
     args = (problem["hidden"], problem["weight"], problem["bias"], problem["target"], None, 0.1, -100, True, None,
             True, True, True, True, False)  # several blocks: the saved state has static shapes
-    ops = torch.ops.orpo_lib
+    forward_op, backward_op = (getattr(torch.ops.orpo_lib, name) for name in (fused.FORWARD_OP, fused.BACKWARD_OP))
     checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(ops.fused_linear_orpo_forward, args, test_utils=checks)
-    out = ops.fused_linear_orpo_forward(*args)
+    torch.library.opcheck(forward_op, args, test_utils=checks)
+    out = forward_op(*args)
     backward_args = (torch.tensor(0.5), problem["hidden"], problem["weight"], *out[3:], True, True, True, False)
-    torch.library.opcheck(ops.fused_linear_orpo_backward, backward_args, test_utils=checks)
+    torch.library.opcheck(backward_op, backward_args, test_utils=checks)
     # without gradients a single block saves nothing: the fake implementation must agree
     no_grad_args = (*args[:10], False, False, False, True)
-    torch.library.opcheck(ops.fused_linear_orpo_forward, no_grad_args, test_utils=("test_schema", "test_faketensor"))
-    assert all(t.numel() == 0 for t in ops.fused_linear_orpo_forward(*no_grad_args)[3:])
+    torch.library.opcheck(forward_op, no_grad_args, test_utils=("test_schema", "test_faketensor"))
+    assert all(t.numel() == 0 for t in forward_op(*no_grad_args)[3:])
+
+
+# What the forward op of OPS_VERSION returns at (4, 7, 48) bf16 inputs and V = 517 (rows padded to 528), several
+# blocks then one block with every gradient: loss, metrics, sequence log-probs, dX, dW, dbias sums, a single
+# block's G and its row tokens ("u": a size the labels decide).
+FORWARD_SHAPES = {2: [
+    [((), "float32"), ((12,), "float32"), ((4,), "float32"), ((28, 48), "bfloat16"), ((528, 48), "float32"),
+     ((517,), "float32"), ((0,), "bfloat16"), ((0,), "int64")],
+    [((), "float32"), ((12,), "float32"), ((4,), "float32"), ((0,), "bfloat16"), ((0,), "bfloat16"),
+     ((0,), "bfloat16"), (("u", 528), "bfloat16"), (("u",), "int64")],
+]}
+
+
+def test_a_change_to_what_the_ops_return_changes_their_names():
+    """A compiled graph cached on disk holds the shapes its ops returned, under the ops' names: a fake
+    implementation that returns other shapes must come with a new ``fused.OPS_VERSION``, and its shapes here."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    problem = make_problem(4, 7, 48, 517, with_bias=True, dtype=torch.bfloat16)
+    forward_op = getattr(torch.ops.orpo_lib, fused.FORWARD_OP)
+    returned = []
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        hidden, weight, bias, target = (mode.from_tensor(problem[k], static_shapes=True)
+                                         for k in ("hidden", "weight", "bias", "target"))
+        for single_block in (False, True):
+            out = forward_op(hidden, weight, bias, target, None, 0.1, -100, True, None, True, True, True, True,
+                             single_block)
+            returned.append([(tuple(d if isinstance(d, int) else "u" for d in t.shape), str(t.dtype)[6:]) for t in out])
+    assert returned == FORWARD_SHAPES[fused.OPS_VERSION]

@@ -62,6 +62,14 @@ def test_one_pass_bytes_count_the_sums_and_the_dx_rows():
                                    grad_hidden=False, grad_weight=True, grad_bias=False) == 2 * vocab * size * 2
 
 
+def test_one_pass_bytes_at_an_odd_vocabulary():
+    """The dW sums have a row per column of the buffer (128257 → 128272), the dbias sums one per token id."""
+    size, vocab, rows = 4096, 128257, 65536
+    full = schedule.one_pass_bytes(rows, size, vocab, nll_only_rows=0, sum_itemsize=4, stats_itemsize=4,
+                                   grad_hidden=True, grad_weight=True, grad_bias=True)
+    assert full == 2 * 128272 * size * 4 + 2 * vocab * 4 + rows * size * 4
+
+
 def test_one_pass_bytes_with_nll_only_rows():
     """A prompt of 1000 NLL-only rows: their dX rows are final (no float32 staging), and the call's own dW
     and dbias sums, which they add to before the pair's end, are counted as a third V×H and V sum."""
