@@ -185,6 +185,19 @@ def test_model_matches_odd_vocabularies_of_an_h100_record():
         assert abs(r["peak_over_inputs_gib"] - model) < 0.001 * model, r
 
 
+def test_model_matches_odd_vocabularies_in_several_blocks_and_one_pass():
+    """The dW GEMMs of an odd vocabulary make a row per column of the buffer: the model counts those rows in a single
+    block's dW, in several blocks' dW sum (8×4096, V=128257) and in a long pair's two sequence sums (2×16384,
+    V=32001), against an H100 record of forward + backward with every token kept and with TRL's labels."""
+    from orpo_lib.workbook import measurements
+
+    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-padded-dw-2026-12-06-h100-58d49d3-busy.json")
+    rows = memory.model_vs_measured(record, impls=("fused",))
+    assert {(r["batch"], r["seq"], r["vocab"]) for r in rows} >= {(8, 4096, 128257), (2, 16384, 32001), (4, 2048, 50257)}
+    assert len(rows) == 8
+    assert max(abs(r["error_pct"]) for r in rows) < 0.1
+
+
 def test_model_matches_eval_calls_that_queue_their_first_gemm_early():
     """No-grad single blocks whose first rows' logits GEMM is queued before the read-back (an H100 record): the
     gathered early rows beside the buffer and the label check's outputs are the peak."""

@@ -340,6 +340,30 @@ def test_kernel_tuning_odd_vocabulary(runs):
     assert (aligned[0], aligned[-1]) == (0.2, 0.9)
 
 
+def test_kernel_tuning_padded_dw(runs):
+    """The dW GEMM over the padded rows: the table is the record's, and the numbers the text quotes are in it."""
+    from orpo_lib.workbook import measurements
+
+    shown = _record(runs, "04-kernel-tuning")["padded_dw_rows"]
+    want, captions = measurements.busy_idle_rows("ab-padded-dw-*-58d49d3-{scenario}.json")
+    assert len(captions) == 1 and shown == want
+    by = {(row["batch"], row["seq"], row["hidden"], row["vocab"], row["mask"]): row for row in shown}
+    llama = by[2, 1024, 4096, 128257, "none"]
+    assert (round(llama["before"], 3), round(llama["fused"], 3)) == (0.239, 0.200)
+    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-padded-dw-2026-12-06-h100-58d49d3-busy.json")
+    ms = {(r["provider"], r["batch"], r["seq"], r["hidden"], r["vocab"], r["mask"]): r["median_ms"]
+          for r in record.select(None, "full")}
+    assert [round(ms[p, 2, 1024, 4096, v, "none"], 2) for p, v in (("before", 128257), ("fused", 128257),
+                                                                   ("fused", 128256))] == [12.87, 10.79, 9.85]
+    assert [round(ms["fused", 8, 2048, 1024, v, "none"], 2) for v in (32001, 32000)] == [5.91, 5.72]
+    change = {key: 100 * (ms[("fused", *key)] / ms[("before", *key)] - 1) for key in by}  # in ms, as the text
+    gains = sorted(round(-c) for key, c in change.items() if key[3] % 16)
+    assert len(gains) == 12 and (gains[0], gains[-1]) == (11, 18)
+    aligned = sorted(round(c, 1) for key, c in change.items() if key[3] % 16 == 0)
+    assert (aligned[0], aligned[-1]) == (-0.3, 1.0)
+    assert all(abs(row["fused_peak_gib"] - row["before_peak_gib"]) < 0.002 for row in shown)
+
+
 def test_memory_notebook_vocab_parallel_table(runs):
     r = _record(runs, "03-memory")
     expected = {str(row["ranks"]): row["peak_gib"] for row in memory.vocab_parallel_table(16, 4096, 4096, 128256)}
