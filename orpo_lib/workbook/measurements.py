@@ -431,6 +431,17 @@ def statistics_gemm_rows(record: dict) -> list[dict]:
              **{label: r[key] / r[base] for label, key, base in STATS_GEMM_COLUMNS}} for r in record["results"]]
 
 
+# Variants of the ping-pong statistics GEMM probe (pingpong-stats-*.json), each over cuBLAS's logits GEMM alone.
+PINGPONG_COLUMNS = ("cublas_stats", "gluon_now", "pingpong4", "pingpong5", "pingpong6")
+
+
+def pingpong_rows(record: dict) -> list[dict]:
+    """Per (rows, H, V) of a ``pingpong-stats-*.json`` probe: cuBLAS + row_stats, ``gluon_row_stats`` and the
+    ping-pong statistics GEMM at three ring depths, each over cuBLAS's logits GEMM in the same run."""
+    return [{"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"],
+             **{name: r["x_cublas"][name] for name in PINGPONG_COLUMNS}} for r in record["results"]]
+
+
 # Columns of the softmax-beside-the-MMAs probe: (label, time key), each over cuBLAS's dX GEMM in the same run.
 SOFTMAX_MM_COLUMNS = [
     ("skeleton", "three_rings_no_transform_ms"),

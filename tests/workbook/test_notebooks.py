@@ -364,6 +364,22 @@ def test_kernel_tuning_padded_dw(runs):
     assert all(abs(row["fused_peak_gib"] - row["before_peak_gib"]) < 0.002 for row in shown)
 
 
+def test_kernel_tuning_pingpong(runs):
+    """The ping-pong statistics GEMM's table is the record's, and the numbers the text quotes are in it."""
+    from orpo_lib.workbook import measurements
+
+    rows = _record(runs, "04-kernel-tuning")["pingpong_rows"]
+    assert rows == measurements.pingpong_rows(measurements.latest_record("pingpong-stats-*.json"))
+    by = {(r["rows"], r["hidden"], r["vocab"]): r for r in rows}
+    big, small = by[16384, 4096, 128256], by[4096, 4096, 128256]
+    assert (round(big["pingpong5"], 3), round(big["cublas_stats"], 3)) == (1.022, 1.062)
+    assert (round(small["pingpong5"], 3), round(small["cublas_stats"], 3)) == (1.088, 1.074)
+    narrow = [r["pingpong4"] for r in rows if r["hidden"] <= 2048]
+    assert (round(min(narrow), 2), round(max(narrow), 2)) == (1.46, 1.69)
+    assert all(r["pingpong4"] > max(r["cublas_stats"], r["gluon_now"]) for r in rows if r["hidden"] <= 2048)
+    assert all(r["pingpong6"] > max(r["pingpong4"], r["pingpong5"]) for r in rows)
+
+
 def test_memory_notebook_vocab_parallel_table(runs):
     r = _record(runs, "03-memory")
     expected = {str(row["ranks"]): row["peak_gib"] for row in memory.vocab_parallel_table(16, 4096, 4096, 128256)}
