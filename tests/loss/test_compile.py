@@ -115,14 +115,16 @@ def test_the_ops_pass_opcheck():
     assert all(t.numel() == 0 for t in forward_op(*no_grad_args)[3:])
 
 
-# What the forward op of OPS_VERSION returns at (4, 7, 48) bf16 inputs and V = 517 (rows padded to 528), several
-# blocks then one block with every gradient: loss, metrics, sequence log-probs, dX, dW, dbias sums, a single
-# block's G and its row tokens ("u": a size the labels decide).
-FORWARD_SHAPES = {2: [
+# What the ops of OPS_VERSION return at (4, 7, 48) bf16 inputs and V = 517 (rows padded to 528), several blocks
+# then one block, with every gradient: forward's loss, metrics, sequence log-probs, dX, dW, dbias sums, a single
+# block's G and its row tokens ("u": a size the labels decide); then backward's dX, dW, dbias from those.
+OP_SHAPES = {2: [
     [((), "float32"), ((12,), "float32"), ((4,), "float32"), ((28, 48), "bfloat16"), ((528, 48), "float32"),
      ((517,), "float32"), ((0,), "bfloat16"), ((0,), "int64")],
+    [((4, 7, 48), "bfloat16"), ((517, 48), "bfloat16"), ((517,), "bfloat16")],
     [((), "float32"), ((12,), "float32"), ((4,), "float32"), ((0,), "bfloat16"), ((0,), "bfloat16"),
      ((0,), "bfloat16"), (("u", 528), "bfloat16"), (("u",), "int64")],
+    [((4, 7, 48), "bfloat16"), ((517, 48), "bfloat16"), ((517,), "bfloat16")],
 ]}
 
 
@@ -133,7 +135,8 @@ def test_a_change_to_what_the_ops_return_changes_their_names():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     problem = make_problem(4, 7, 48, 517, with_bias=True, dtype=torch.bfloat16)
-    forward_op = getattr(torch.ops.orpo_lib, fused.FORWARD_OP)
+    forward_op, backward_op = (getattr(torch.ops.orpo_lib, name) for name in (fused.FORWARD_OP, fused.BACKWARD_OP))
+    shapes = lambda out: [(tuple(d if isinstance(d, int) else "u" for d in t.shape), str(t.dtype)[6:]) for t in out]
     returned = []
     with FakeTensorMode(shape_env=ShapeEnv()) as mode:
         hidden, weight, bias, target = (mode.from_tensor(problem[k], static_shapes=True)
@@ -141,5 +144,7 @@ def test_a_change_to_what_the_ops_return_changes_their_names():
         for single_block in (False, True):
             out = forward_op(hidden, weight, bias, target, None, 0.1, -100, True, None, True, True, True, True,
                              single_block)
-            returned.append([(tuple(d if isinstance(d, int) else "u" for d in t.shape), str(t.dtype)[6:]) for t in out])
-    assert returned == FORWARD_SHAPES[fused.OPS_VERSION]
+            grads = backward_op(torch.ones((), dtype=torch.float32), hidden, weight, *out[3:], True, True, True,
+                                single_block)
+            returned += [shapes(out), shapes(grads)]
+    assert returned == OP_SHAPES[fused.OPS_VERSION]
