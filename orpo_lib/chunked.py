@@ -287,17 +287,17 @@ def new_grad_sums(hidden, weight, plan: Plan, opts: Options) -> GradSums:
 
 def add_block_grads(sums: GradSums, block: Block, weight, token_order: bool) -> None:
     """dX rows, dW and dbias of a block whose buffer holds G (``weight``: ``gemm_head``'s, as the padding of G takes it)."""
-    grad = block.logits
+    grad, padded = block.logits, with_padding(block.logits)
     if sums.dx is not None:
         if token_order:
-            torch.mm(with_padding(grad), weight, out=sums.dx[block.span[0]:block.span[1]])
+            torch.mm(padded, weight, out=sums.dx[block.span[0]:block.span[1]])
         else:
-            sums.dx.index_copy_(0, block.tokens, torch.mm(with_padding(grad), weight))
+            sums.dx.index_copy_(0, block.tokens, torch.mm(padded, weight))
     if sums.dw_dtype is not None:
         if sums.dw is None:
-            sums.dw = _mm(with_padding(grad).t(), block.x, sums.dw_dtype)
+            sums.dw = _mm(padded.t(), block.x, sums.dw_dtype)
         else:
-            accumulate_mm(sums.dw, with_padding(grad).t(), block.x)
+            accumulate_mm(sums.dw, padded.t(), block.x)
     if sums.db is not None:
         sums.db += grad.sum(0, dtype=sums.db.dtype)
 
@@ -453,15 +453,15 @@ def one_pass(call: Call, group, sums: GradSums, ready: Block | None) -> None:
 
 def add_to_pair_sums(pair: PairSums, block: Block, group, weight, dw_dtype) -> None:
     """A block's GEMMs on U, into its rows of Q and its sequence's sums (no block straddles the two)."""
-    grad, side = block.logits, int(block.span[0] >= group.rejected_start)
+    grad, padded, side = block.logits, with_padding(block.logits), int(block.span[0] >= group.rejected_start)
     if pair.dx_rows is not None:
         first = group.response_start
-        mm_into(pair.dx_rows[block.span[0] - first:block.span[1] - first], with_padding(grad), weight)
+        mm_into(pair.dx_rows[block.span[0] - first:block.span[1] - first], padded, weight)
     if dw_dtype is not None:
         if pair.dw[side] is None:
-            pair.dw[side] = _mm(with_padding(grad).t(), block.x, dw_dtype)
+            pair.dw[side] = _mm(padded.t(), block.x, dw_dtype)
         else:
-            accumulate_mm(pair.dw[side], with_padding(grad).t(), block.x)
+            accumulate_mm(pair.dw[side], padded.t(), block.x)
     if pair.db is not None:
         pair.db[side] += grad.sum(0, dtype=pair.db.dtype)
 
@@ -651,8 +651,8 @@ def backward_from_sums(grad_loss, sums: GradSums, hidden_shape, vocab: int, weig
     if sums.dx is not None:
         dx = kernels.scale(sums.dx, grad_loss, out=torch.empty_like(sums.dx)).view(hidden_shape)
     if sums.dw is not None:  # a float32 sum is cast to the weight dtype as it is scaled; its padding rows left out
-        dw = sums.dw[:vocab]
-        dw = kernels.scale(dw, grad_loss, out=dw.new_empty(dw.shape, dtype=weight_dtype))
+        rows = sums.dw[:vocab]
+        dw = kernels.scale(rows, grad_loss, out=rows.new_empty(rows.shape, dtype=weight_dtype))
     if sums.db is not None:
         db = (sums.db * grad_loss).to(weight_dtype)
     return dx, dw, db

@@ -78,21 +78,20 @@ def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, 
     terms = (hidden.new_empty((), dtype=acc), hidden.new_empty(len(METRICS) + batch, dtype=acc),
              hidden.new_empty(batch, dtype=acc))
     dx, dw, db, logit_grads = (_empty(hidden) for _ in range(4))
+    columns = schedule.logits_row_columns(vocab)  # the buffer's row width, padding included
     row_tokens = target.new_empty(0, dtype=torch.int64)
     if single_block:
         if grad_hidden or grad_weight or grad_bias:  # (without gradients a single block saves nothing)
             ctx = torch.library.get_ctx()
-            # as many rows as the labels keep, each with the buffer's padding (schedule.logits_row_columns)
-            columns = schedule.logits_row_columns(vocab)
+            # as many rows as the labels keep, each with the buffer's padding
             logit_grads = hidden.new_empty(ctx.new_dynamic_size(), columns)
             row_tokens = target.new_empty(ctx.new_dynamic_size(), dtype=torch.int64)  # 0 rows in token order
     else:
         if grad_hidden:
             dx = hidden.new_empty(batch * seq, size)
         if grad_weight:
-            # a row per column of the buffer (schedule.logits_row_columns): the padding's rows are zeros
-            dw = hidden.new_empty(schedule.logits_row_columns(vocab), size,
-                                  dtype=chunked.dw_sum_dtype(hidden.dtype, fp32_weight_grad))
+            # a row per column of the buffer: the padding's rows are zeros
+            dw = hidden.new_empty(columns, size, dtype=chunked.dw_sum_dtype(hidden.dtype, fp32_weight_grad))
         if grad_bias:
             db = hidden.new_empty(vocab, dtype=acc)
     return (*terms, dx, dw, db, logit_grads, row_tokens)
