@@ -3,8 +3,9 @@
 How one block of C token rows is processed (G is dL/dlogits, P the softmax, X the block's hidden rows):
 
 1. ``logits = X @ W.T (+ bias)`` into a C×V buffer (cuBLAS), whose rows are a multiple of 16 columns wide; at
-   an odd vocabulary the GEMMs take W with zero rows to match (``gemm_head``), so that every load is aligned.
-   (The padding columns hold zeros, which stay zeros through steps 2 to 4.)
+   an odd vocabulary each GEMM over the buffer's columns is two (``gemm_head``): W's first rows, a multiple of 16,
+   and a 16-row copy of the rest with zero rows up to the buffer's width, so that every load is aligned. (The
+   padding columns hold zeros, which stay zeros through steps 2 to 4.)
 2. ``row_stats_kernel`` reads it once: log-sum-exp, target log-probs and logit sums per row. None of
    this depends on the other sequence of the pair.
 3. ``pair_terms_kernel``, once every row of the chunk's pairs has its log-prob: each sequence's mean
@@ -209,43 +210,77 @@ def with_padding(logits):
     return logits.as_strided((logits.shape[0], logits.stride(0)), (logits.stride(0), 1))
 
 
+@dataclass(frozen=True)
+class Head:
+    """W and bias as the GEMMs over the logits buffer's columns take them (``gemm_head``)."""
+
+    weight: torch.Tensor  # W's rows for the buffer's first columns, a multiple of 16 of them (a view)
+    bias: torch.Tensor | None = None
+    tail: torch.Tensor | None = None  # (16, H) at an odd vocabulary: W's last rows, then zero rows (a copy)
+    tail_bias: torch.Tensor | None = None
+
+
+def gemm_head(weight, bias) -> Head:
+    """W and bias split where the vocabulary is not a multiple of 16: its first rows, a multiple of 16, and a
+    16-row copy of the rest with zero rows (and zero bias) up to the buffer's row width
+    (``schedule.logits_row_columns``). Each GEMM over the buffer's columns is then two, each of whose dimensions is a
+    multiple of 16: at an odd vocabulary cuBLAS runs the logits and dX GEMMs six to eight times slower otherwise (at
+    8192×1024×50257 on an H100 the logits GEMM took 8.66 against 1.30 ms and the dX GEMM 5.97 against 0.95 ms,
+    aligned-rows-2026-12-06-h100-2ac8dd8.json). At a vocabulary that is a multiple of 16: W and bias whole."""
+    vocab = weight.shape[0]
+    columns = schedule.logits_row_columns(vocab)
+    if columns == vocab:
+        return Head(weight, bias)
+    main = columns - 16
+    tail = weight.new_zeros(16, weight.shape[1])
+    tail[:vocab - main] = weight[main:]
+    if bias is None:
+        return Head(weight[:main], None, tail)
+    return Head(weight[:main], bias[:main], tail, torch.cat([bias[main:], bias.new_zeros(columns - vocab)]))
+
+
+def linear_into(out, x, head: Head):
+    """out = x @ W.T (+ bias), for ``out`` a view of the logits buffer: the GEMMs write whole rows of the buffer,
+    zeros in its padding columns. Returns out."""
+    rows = with_padding(out)
+    main = head.weight.shape[0]
+    _linear(rows[:, :main], x, head.weight, head.bias)
+    if head.tail is not None:
+        _linear(rows[:, main:], x, head.tail, head.tail_bias)
+    return out
+
+
+def _linear(out, x, weight, bias):
+    if bias is None:
+        torch.mm(x, weight.t(), out=out)
+    else:
+        torch.addmm(bias, x, weight.t(), out=out)
+
+
+def grads_times_head(grads, head: Head, out):
+    """out = G·W for ``grads`` the buffer's whole rows (with their padding columns), the products summed in float32
+    (or out's dtype) and rounded once to out's dtype; at an odd vocabulary through a float32 sum of ``head``'s two
+    GEMMs. Returns out."""
+    if head.tail is None:
+        return mm_into(out, grads, head.weight)
+    main = head.weight.shape[0]
+    acc_dtype = stats_dtype(out.dtype)
+    acc = out if out.dtype == acc_dtype else out.new_empty(out.shape, dtype=acc_dtype)
+    mm_into(acc, grads[:, :main], head.weight)
+    accumulate_mm(acc, grads[:, main:], head.tail)
+    return out if acc is out else out.copy_(acc)
+
+
 def block_rows(plan: Plan, span, hidden):
     """The block's rows of hidden: a view in token order, a gather otherwise."""
     start, end = span
     return hidden_rows(hidden)[start:end] if plan.token_order else gather_rows(hidden, plan.row_tokens[start:end])
 
 
-def block_logits(plan: Plan, span, buffer, hidden, weight, bias):
+def block_logits(plan: Plan, span, buffer, hidden, head: Head):
     """The block's rows of hidden, and their logits in the buffer."""
     x = block_rows(plan, span, hidden)
-    return x, linear_into(buffer[: span[1] - span[0]], x, weight, bias)
-
-
-def gemm_head(weight, bias):
-    """W and bias as the GEMMs on the logits buffer take them: with zero rows (and a zero bias) up to the buffer's
-    row width (``schedule.logits_row_columns``), so that the logits GEMM's N and the dX GEMM's K are multiples of 16.
-    At an odd vocabulary cuBLAS runs those two GEMMs six to eight times slower otherwise: at 8192×1024×50257 on an
-    H100 the logits GEMM took 8.66 against 1.30 ms and the dX GEMM 5.97 against 0.95 ms, for a copy of W that takes
-    0.11 ms (aligned-rows-2026-12-06-h100-2ac8dd8.json). A copy of W at an odd vocabulary (V×H more memory while
-    the GEMMs run); W and bias themselves otherwise."""
-    vocab = weight.shape[0]
-    columns = schedule.logits_row_columns(vocab)
-    if columns == vocab:
-        return weight, bias
-    padded = weight.new_zeros(columns, weight.shape[1])
-    padded[:vocab] = weight
-    return padded, None if bias is None else torch.cat([bias, bias.new_zeros(columns - vocab)])
-
-
-def linear_into(out, x, weight, bias):
-    """out = x @ weight.T (+ bias), for ``out`` a view of the logits buffer and ``gemm_head``'s weight and bias:
-    the GEMM writes whole rows of the buffer, zeros in its padding columns. Returns out."""
-    rows = with_padding(out)
-    if bias is None:
-        torch.mm(x, weight.t(), out=rows)
-    else:
-        torch.addmm(bias, x, weight.t(), out=rows)
-    return out
+    return x, linear_into(buffer[: span[1] - span[0]], x, head)
 
 
 def make_block(span, x, logits, row_tokens, counts: TokenCounts, token_order: bool) -> Block:
@@ -285,14 +320,15 @@ def new_grad_sums(hidden, weight, plan: Plan, opts: Options) -> GradSums:
     return GradSums(dx, db, dw_dtype)
 
 
-def add_block_grads(sums: GradSums, block: Block, weight, token_order: bool) -> None:
-    """dX rows, dW and dbias of a block whose buffer holds G (``weight``: ``gemm_head``'s, as the padding of G takes it)."""
+def add_block_grads(sums: GradSums, block: Block, head: Head, token_order: bool) -> None:
+    """dX rows, dW and dbias of a block whose buffer holds G."""
     grad, padded = block.logits, with_padding(block.logits)
     if sums.dx is not None:
         if token_order:
-            torch.mm(padded, weight, out=sums.dx[block.span[0]:block.span[1]])
+            grads_times_head(padded, head, sums.dx[block.span[0]:block.span[1]])
         else:
-            sums.dx.index_copy_(0, block.tokens, torch.mm(padded, weight))
+            rows = grads_times_head(padded, head, sums.dx.new_empty(len(block.tokens), sums.dx.shape[1]))
+            sums.dx.index_copy_(0, block.tokens, rows)
     if sums.dw_dtype is not None:
         if sums.dw is None:
             sums.dw = _mm(padded.t(), block.x, sums.dw_dtype)
@@ -333,8 +369,7 @@ class Call:
     """What every step of one call reads: the inputs, the plan, the logits buffer and the per-token outputs."""
 
     hidden: torch.Tensor
-    weight: torch.Tensor  # gemm_head's with a buffer (W itself without one)
-    bias: torch.Tensor | None  # likewise
+    head: Head  # gemm_head's with a buffer (W and bias whole without one)
     counts: TokenCounts
     opts: Options
     plan: Plan
@@ -351,18 +386,18 @@ class Call:
         return self.hidden.shape[1]
 
 
-def new_call(hidden, weight, bias, counts: TokenCounts, opts: Options, plan: Plan, buffer) -> Call:
+def new_call(hidden, head: Head, counts: TokenCounts, opts: Options, plan: Plan, buffer) -> Call:
     batch, seq, _ = hidden.shape
     stats = new_token_stats(batch, seq, stats_dtype(hidden.dtype), hidden.device)
     row_tokens = torch.arange(batch * seq, device=hidden.device) if plan.token_order else plan.row_tokens
-    return Call(hidden, weight, bias, counts, opts, plan, buffer, stats, row_tokens)
+    return Call(hidden, head, counts, opts, plan, buffer, stats, row_tokens)
 
 
 def block_at(call: Call, span, ready: Block | None) -> Block:
     """The block of rows ``span``: ``ready`` if it is that one (its logits already in the buffer), else a new one."""
     if ready is not None and ready.span == span:
         return ready
-    x, logits = block_logits(call.plan, span, call.buffer, call.hidden, call.weight, call.bias)
+    x, logits = block_logits(call.plan, span, call.buffer, call.hidden, call.head)
     return make_block(span, x, logits, call.row_tokens, call.counts, call.plan.token_order)
 
 
@@ -381,7 +416,7 @@ def statistics_only(call: Call, group, ready: Block | None) -> None:
     for span in group.blocks:
         block = make_block(span, block_rows(call.plan, span, call.hidden), None, call.row_tokens, call.counts,
                            call.plan.token_order)
-        logits_row_stats(block.x, call.weight, block.target, block.nll_target, block.tokens, call.stats.logp,
+        logits_row_stats(block.x, call.head.weight, block.target, block.nll_target, block.tokens, call.stats.logp,
                          call.stats.nll_logp, call.stats.logit_sum, call.stats.lse)
 
 
@@ -410,7 +445,7 @@ def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) ->
         block = block_at(call, span, block)
         row_grads(block, call.stats, call.nll_tokens, call.seq)
         if sums is not None:
-            add_block_grads(sums, block, call.weight, call.plan.token_order)
+            add_block_grads(sums, block, call.head, call.plan.token_order)
 
 
 # ---- a pair in one pass -------------------------------------------------------------------------
@@ -443,20 +478,20 @@ def one_pass(call: Call, group, sums: GradSums, ready: Block | None) -> None:
         row_stats(block, call.stats)
         if span[0] < group.response_start:  # no odds-ratio target: row_grads needs no sequence coefficient yet
             row_grads(block, call.stats, call.nll_tokens, call.seq)
-            add_block_grads(sums, block, call.weight, call.plan.token_order)
+            add_block_grads(sums, block, call.head, call.plan.token_order)
         else:
             kernels.row_logp_grads(block.logits, block.target, block.tokens, call.stats.logp, call.stats.lse)
-            add_to_pair_sums(pair, block, group, call.weight, sums.dw_dtype)
+            add_to_pair_sums(pair, block, group, call.head, sums.dw_dtype)
     group_pair_terms(call, group)
     add_pair_sums(sums, pair, pair_scales(call, group.first_pair), call, group)
 
 
-def add_to_pair_sums(pair: PairSums, block: Block, group, weight, dw_dtype) -> None:
+def add_to_pair_sums(pair: PairSums, block: Block, group, head: Head, dw_dtype) -> None:
     """A block's GEMMs on U, into its rows of Q and its sequence's sums (no block straddles the two)."""
     grad, padded, side = block.logits, with_padding(block.logits), int(block.span[0] >= group.rejected_start)
     if pair.dx_rows is not None:
         first = group.response_start
-        mm_into(pair.dx_rows[block.span[0] - first:block.span[1] - first], padded, weight)
+        grads_times_head(padded, head, pair.dx_rows[block.span[0] - first:block.span[1] - first])
     if dw_dtype is not None:
         if pair.dw[side] is None:
             pair.dw[side] = _mm(padded.t(), block.x, dw_dtype)
@@ -522,7 +557,7 @@ class EarlyLogits:
 
     buffer: torch.Tensor  # (B*T, V): room for every row a single block can hold
     rows: int  # its first ``rows`` rows hold the logits of the first rows of the kept-row order
-    head: tuple  # gemm_head's weight and bias, for the rest of the block's GEMMs
+    head: Head  # for the rest of the block's GEMMs
 
 
 def early_logits(hidden, weight, bias, kept_order) -> EarlyLogits:
@@ -533,7 +568,7 @@ def early_logits(hidden, weight, bias, kept_order) -> EarlyLogits:
     rows = min(batch * seq, schedule.early_rows(size, weight.shape[0]))
     buffer = new_logits_buffer(batch * seq, weight.shape[0], hidden)
     head = gemm_head(weight, bias)
-    linear_into(buffer[:rows], gather_rows(hidden, kept_order[:rows]), *head)
+    linear_into(buffer[:rows], gather_rows(hidden, kept_order[:rows]), head)
     return EarlyLogits(buffer, rows, head)
 
 
@@ -547,7 +582,7 @@ def finish_early_logits(early: EarlyLogits, plan: Plan, rows: int, hidden, bias,
         with_sums = plan.dropped and rows + DROPPED_SUM_ROWS <= len(early.buffer)
         if with_sums:
             x = torch.cat([x, dropped_sum_rows(hidden, counts)])
-        linear_into(early.buffer[start:start + len(x)], x, *early.head)
+        linear_into(early.buffer[start:start + len(x)], x, early.head)
         if with_sums:
             dropped_sums = dropped_logit_sums_from(early.buffer[rows:rows + DROPPED_SUM_ROWS], bias, counts,
                                                    hidden.shape)
@@ -558,19 +593,19 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
     plan = make_plan(hidden, weight.shape[0], counts, opts)
     dropped_sums = None  # (2,) the dropped tokens' logit sums per half, where a logits GEMM gives them
     if statistics_in_gemm(hidden, weight, bias, sum(counts.kept_per_seq), opts):  # no logits buffer at all
-        call = new_call(hidden, weight, bias, counts, opts, plan, None)
+        call = new_call(hidden, Head(weight, bias), counts, opts, plan, None)
         sums = ready = None
     else:
         first_span = plan.groups[0].blocks[0]
         if early is None:
             head = gemm_head(weight, bias)
             buffer = new_logits_buffer(plan.buffer_rows, weight.shape[0], hidden)
-            x, logits = block_logits(plan, first_span, buffer, hidden, *head)
+            x, logits = block_logits(plan, first_span, buffer, hidden, head)
         else:  # a single block (its x is read again in backward)
             head, buffer, x = early.head, early.buffer, None
             logits, dropped_sums = finish_early_logits(early, plan, first_span[1], hidden, bias, counts)
         # the first GEMM is queued: the GPU is busy while the host finishes the setup
-        call = new_call(hidden, *head, counts, opts, plan, buffer)
+        call = new_call(hidden, head, counts, opts, plan, buffer)
         sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
         ready = make_block(first_span, x, logits, call.row_tokens, counts, plan.token_order)
         del x, logits  # the first block holds them, and frees its gathered rows when the next block is made
@@ -661,7 +696,7 @@ def backward_from_sums(grad_loss, sums: GradSums, hidden_shape, vocab: int, weig
 def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens, *, grad_hidden: bool,
                               grad_weight: bool, grad_bias: bool):
     """One block: dX = g·G·W, dW = g·Gᵀ·X, dbias = g·Σ G, with G as forward left it (``logit_grads``: its rows
-    with their padding columns, zeros, which the dX GEMM takes with ``gemm_head``'s zero rows and the dW GEMM
+    with their padding columns, zeros, which the dX GEMMs take with ``gemm_head``'s zero rows and the dW GEMM
     turns into zero rows of its result, left out).
 
     cuBLAS applies the upstream gradient g to dW as the GEMM's scale factor, which it takes from the host.
@@ -676,8 +711,11 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     scale = None if overlap else grad_loss.item()
     dx = dw = db = None
     if grad_hidden:
-        head, _ = gemm_head(weight, None)
-        rows = scaled_on_device(grad_loss, logit_grads, head) if overlap else _scaled_mm(logit_grads, head, scale)
+        head = gemm_head(weight, None)
+        if overlap or head.tail is not None:  # (an odd vocabulary's two GEMMs sum in float32 anyway)
+            rows = scaled_on_device(grad_loss, logit_grads, head)
+        else:
+            rows = _scaled_mm(logit_grads, head.weight, scale)
         dx = token_rows(rows, row_tokens, hidden).view(hidden.shape)
     if grad_weight:
         x = hidden_rows(hidden) if row_tokens is None else gather_rows(hidden, row_tokens)
@@ -688,11 +726,12 @@ def backward_from_logit_grads(grad_loss, hidden, weight, logit_grads, row_tokens
     return dx, dw, db
 
 
-def scaled_on_device(grad_loss, a, b):
-    """g · (a @ b) in a's dtype: the GEMM in float32 (a temporary, freed on return), then scaled by g on the
-    device and rounded once."""
-    unscaled = mm_into(a.new_empty(a.shape[0], b.shape[1], dtype=grad_loss.dtype), a, b)
-    return kernels.scale(unscaled, grad_loss, out=a.new_empty(unscaled.shape))
+def scaled_on_device(grad_loss, grads, head: Head):
+    """g · G·W in G's dtype: the GEMMs in float32 (a temporary, freed on return), then scaled by g on the device
+    and rounded once."""
+    unscaled = grads_times_head(grads, head, grads.new_empty(grads.shape[0], head.weight.shape[1],
+                                                              dtype=grad_loss.dtype))
+    return kernels.scale(unscaled, grad_loss, out=grads.new_empty(unscaled.shape))
 
 
 def token_rows(rows, row_tokens, hidden):

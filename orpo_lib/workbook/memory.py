@@ -108,8 +108,10 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
     chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes, hidden=hidden, dw_fp32=dw_fp32)
     columns = schedule.logits_row_columns(vocab)  # rows start on 16-byte boundaries
     buffer = chunk.rows * columns * dtype_bytes
-    # chunked.gemm_head: at an odd vocabulary the GEMMs take a copy of W with zero rows up to the row width
-    head = {"padded_head": columns * hidden * dtype_bytes if columns != vocab else 0}
+    # chunked.gemm_head: at an odd vocabulary the GEMMs take W's last rows as a 16-row copy with zero rows, and the dX
+    # GEMMs, two of them, sum in float32 before their one rounding
+    odd = columns != vocab
+    head = {"head_tail": 16 * hidden * dtype_bytes if odd else 0}
     token_state = tokens * FUSED_TOKEN_STATE_BYTES
     if not with_grad:
         # Without gradients the chunks need not hold whole pairs, and read hidden's rows in place.
@@ -136,11 +138,13 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
     # the dW GEMMs take G's rows with their padding columns: a (padded V, H) result, its padding rows left out
     padded_dw = columns * hidden * dtype_bytes
     dw_operand = {"chunk_logits": buffer, "gathered_rows": gathered_rows, **head}
-    dx_gemm = {**dw_operand, "chunk_dx_rows": gathered_rows}  # the chunk's dX rows, before they go into dX
+    dx_gemm = {**dw_operand, "chunk_dx_rows": gathered_rows,  # the chunk's dX rows, before they go into dX
+               "chunk_dx_fp32": chunk.rows * hidden * FP32_BYTES if odd else 0}
     if chunk.count == 1:
         # One chunk: its dX and dW GEMMs wait for backward; dW is produced once, in the weight dtype, and dX,
         # where the call overlaps its read-backs, first in float32 (scaled on the device by the upstream gradient).
-        dx_fp32 = chunk.rows * hidden * FP32_BYTES if schedule.overlaps_read_backs(tokens, hidden, vocab) else 0
+        overlap = schedule.overlaps_read_backs(tokens, hidden, vocab)
+        dx_fp32 = chunk.rows * hidden * FP32_BYTES if overlap or odd else 0
         return [
             ("chunk dX GEMM", {**dx_gemm, "chunk_dx_fp32": dx_fp32, "dx": dx, "token_state": token_state}),
             ("chunk dW GEMM", {**dw_operand, "dw": padded_dw, "dx": dx, "token_state": token_state}),
