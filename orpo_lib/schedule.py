@@ -46,7 +46,7 @@ def logits_row_columns(vocab: int) -> int:
     (GPT-2's 50257; 32001, a Llama's 32000 plus a pad token) rows packed back to back are not: on an H100 the
     statistics kernel then took 0.69 against 0.30 ms over 8192 rows of 50257 (aligned-rows-2026-12-06-h100-2ac8dd8.json),
     and cuBLAS is slower still (``chunked.gemm_head``)."""
-    return -(-(vocab + 1) // 16) * 16
+    return -(-vocab // 16) * 16
 
 
 @dataclass(frozen=True)
