@@ -431,15 +431,18 @@ def statistics_gemm_rows(record: dict) -> list[dict]:
              **{label: r[key] / r[base] for label, key, base in STATS_GEMM_COLUMNS}} for r in record["results"]]
 
 
-# Variants of the ping-pong statistics GEMM probe (pingpong-stats-*.json), each over cuBLAS's logits GEMM alone.
+# Variants of the ping-pong statistics GEMM probe (pingpong-stats-*.json), each over cuBLAS's logits GEMM alone;
+# its second run (pingpong-diagnostics-*.json) adds the warp-specialised skeleton and two variants of the kernel.
 PINGPONG_COLUMNS = ("cublas_stats", "gluon_now", "pingpong4", "pingpong5", "pingpong6")
+PINGPONG_DIAGNOSTIC_COLUMNS = ("cublas_stats", "gluon_gemm", "pingpong4", "pingpong5", "pp4_late_turn", "pp4_no_stats")
 
 
-def pingpong_rows(record: dict) -> list[dict]:
-    """Per (rows, H, V) of a ``pingpong-stats-*.json`` probe: cuBLAS + row_stats, ``gluon_row_stats`` and the
-    ping-pong statistics GEMM at three ring depths, each over cuBLAS's logits GEMM in the same run."""
+def pingpong_rows(record: dict, columns=PINGPONG_COLUMNS) -> list[dict]:
+    """Per (rows, H, V) of a ping-pong probe: the variants in ``columns`` (by default cuBLAS + row_stats,
+    ``gluon_row_stats`` and the ping-pong statistics GEMM at three ring depths), each over cuBLAS's logits GEMM in
+    the same run."""
     return [{"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"],
-             **{name: r["x_cublas"][name] for name in PINGPONG_COLUMNS}} for r in record["results"]]
+             **{name: r["x_cublas"][name] for name in columns}} for r in record["results"]]
 
 
 # Columns of the softmax-beside-the-MMAs probe: (label, time key), each over cuBLAS's dX GEMM in the same run.

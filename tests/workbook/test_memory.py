@@ -170,32 +170,25 @@ def test_model_matches_the_default_chunks_of_an_h100_record():
 
 
 def test_model_matches_odd_vocabularies_of_an_h100_record():
-    """At an odd vocabulary the buffer's rows are padded to 16 columns and the GEMMs take a copy of W with zero rows
-    to match: the model counts both, against single blocks at V = 50257, 32001 and 128257 and two aligned controls."""
+    """At an odd vocabulary the buffer's rows are padded to 16 columns, the GEMMs take W's last rows as a 16-row copy
+    with zero rows, the two dX GEMMs sum in float32, and the dW GEMMs make a row per column of the buffer: the model
+    counts each, against single blocks (V = 50257, 32001, 128257), several blocks (8×4096, V=128257), a long pair's
+    one pass (2×16384, V=32001) and two aligned controls, with and without gradients."""
     from orpo_lib.workbook import measurements
 
-    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-padded-head-2026-12-06-h100-2ac8dd8-busy.json")
+    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-two-part-head-2026-12-06-h100-7cbe241-busy.json")
     rows = memory.model_vs_measured(record, impls=("fused",))
-    assert sorted(r["vocab"] for r in rows) == [32000, 32001, 32001, 50257, 128256, 128257]
+    assert sorted((r["batch"], r["seq"], r["vocab"]) for r in rows) == [
+        (2, 1024, 128256), (2, 1024, 128257), (2, 16384, 32001), (4, 2048, 50257), (8, 2048, 32000), (8, 2048, 32001),
+        (8, 2048, 32001), (8, 4096, 128257)]
     assert max(abs(r["error_pct"]) for r in rows) < 0.1
-    odd = [r for r in record.select("fused", "eval", mask="none") if r["vocab"] % 16]
-    assert len(odd) == 4
-    for r in odd:
+    no_grad = record.select("fused", "eval", mask="none")
+    assert len(no_grad) == 8
+    # Small allocations move a no-grad peak by up to 1 MiB from run to run: 2×1024, V=128256 peaked at 504.03 MiB
+    # here and at 503.03 MiB (the model) in ab-padded-aligned-…-5742090 with the same code.
+    for r in no_grad:
         model = memory.peak_gib("fused", r["batch"], r["seq"], r["hidden"], r["vocab"], with_grad=False)
-        assert abs(r["peak_over_inputs_gib"] - model) < 0.001 * model, r
-
-
-def test_model_matches_odd_vocabularies_in_several_blocks_and_one_pass():
-    """The dW GEMMs of an odd vocabulary make a row per column of the buffer: the model counts those rows in a single
-    block's dW, in several blocks' dW sum (8×4096, V=128257) and in a long pair's two sequence sums (2×16384,
-    V=32001), against an H100 record of forward + backward with every token kept and with TRL's labels."""
-    from orpo_lib.workbook import measurements
-
-    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-padded-dw-2026-12-06-h100-58d49d3-busy.json")
-    rows = memory.model_vs_measured(record, impls=("fused",))
-    assert {(r["batch"], r["seq"], r["vocab"]) for r in rows} >= {(8, 4096, 128257), (2, 16384, 32001), (4, 2048, 50257)}
-    assert len(rows) == 8
-    assert max(abs(r["error_pct"]) for r in rows) < 0.1
+        assert abs(r["peak_over_inputs_gib"] - model) < max(0.001 * model, 1.5 / 1024), r
 
 
 def test_model_matches_eval_calls_that_queue_their_first_gemm_early():

@@ -364,6 +364,37 @@ def test_kernel_tuning_padded_dw(runs):
     assert all(abs(row["fused_peak_gib"] - row["before_peak_gib"]) < 0.002 for row in shown)
 
 
+def test_kernel_tuning_two_part_head(runs):
+    """W in two parts: the table is the record's, and the numbers the text quotes are in it."""
+    from orpo_lib.workbook import measurements
+
+    shown = _record(runs, "04-kernel-tuning")["two_part_head_rows"]
+    want, captions = measurements.busy_idle_rows("ab-two-part-head-*-7cbe241-{scenario}.json")
+    assert len(captions) == 1 and shown == want
+    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-two-part-head-2026-12-06-h100-7cbe241-busy.json")
+    runs_of = {(r["provider"], r["batch"], r["seq"], r["hidden"], r["vocab"], r["mask"]): r
+               for r in record.select(None, "full")}
+    ms = {key: r["median_ms"] for key, r in runs_of.items()}
+    llama = [ms[p, 2, 1024, 4096, 128257, mask] for mask in ("none", "trl") for p in ("before", "fused")]
+    assert [round(t, 2) for t in llama] == [10.79, 8.94, 10.32, 8.21]
+    assert round(ms["fused", 2, 1024, 4096, 128256, "none"], 2) == 9.47
+    peak = {key: r["peak_over_inputs_gib"] for key, r in runs_of.items()}
+    assert [round(peak[p, 2, 1024, 4096, 128257, "none"], 2) for p in ("before", "fused")] == [2.46, 1.48]
+    assert [round(peak[p, 8, 4096, 4096, 128257, "none"], 2) for p in ("before", "fused")] == [5.27, 4.42]
+    change = {key: 100 * (ms[("fused", *key)] / ms[("before", *key)] - 1)
+              for key in {k[1:] for k in ms if k[0] == "fused"}}
+    long_calls = sorted(round(c, 1) for key, c in change.items() if key[:2] in ((8, 4096), (2, 16384)))
+    assert (long_calls[0], long_calls[-1]) == (-0.5, 0.7)
+    aligned = sorted(round(c, 1) for key, c in change.items() if key[3] % 16 == 0)
+    assert (aligned[0], aligned[-1]) == (-1.4, 0.5)
+    padded = measurements.load_bench_record(measurements.DATA_DIR / "ab-padded-aligned-2026-12-06-h100-5742090-busy.json")
+    before = {(r["batch"], r["seq"], r["hidden"], r["vocab"], r["mask"]): r["median_ms"]
+              for r in padded.select("before", "full")}
+    slower = [100 * (r["median_ms"] / before[r["batch"], r["seq"], r["hidden"], r["vocab"], r["mask"]] - 1)
+              for r in padded.select("fused", "full")]
+    assert len(slower) == 16 and (round(min(slower), 1), round(max(slower), 1)) == (0.9, 5.4)
+
+
 def test_kernel_tuning_pingpong(runs):
     """The ping-pong statistics GEMM's table is the record's, and the numbers the text quotes are in it."""
     from orpo_lib.workbook import measurements
@@ -378,6 +409,24 @@ def test_kernel_tuning_pingpong(runs):
     assert (round(min(narrow), 2), round(max(narrow), 2)) == (1.46, 1.69)
     assert all(r["pingpong4"] > max(r["cublas_stats"], r["gluon_now"]) for r in rows if r["hidden"] <= 2048)
     assert all(r["pingpong6"] > max(r["pingpong4"], r["pingpong5"]) for r in rows)
+
+
+def test_kernel_tuning_pingpong_second_run(runs):
+    """The second ping-pong run's table is the record's, and the numbers the text quotes are in it."""
+    from orpo_lib.workbook import measurements
+
+    rows = _record(runs, "04-kernel-tuning")["pingpong_diagnostic_rows"]
+    assert rows == measurements.pingpong_rows(measurements.latest_record("pingpong-diagnostics-*.json"),
+                                              measurements.PINGPONG_DIAGNOSTIC_COLUMNS)
+    by = {(r["rows"], r["hidden"], r["vocab"]): r for r in rows}
+    big = by[16384, 4096, 128256]
+    assert (round(big["pingpong4"], 3), round(big["pingpong5"], 3)) == (0.991, 1.171)
+    assert min(by[4096, 4096, 128256][name] for name in ("pingpong4", "pingpong5")) > 1.0
+    assert all(0.005 <= round(r["pp4_late_turn"] / r["pingpong4"] - 1, 3) <= 0.018 for r in rows)
+    assert all(1.9 < r["pp4_no_stats"] < 2.1 for r in rows)
+    narrow = [r for r in rows if r["hidden"] <= 2048]
+    assert (round(min(r["gluon_gemm"] for r in narrow) - 1, 2), round(max(r["gluon_gemm"] for r in narrow) - 1, 2)) == (0.05, 0.18)
+    assert (round(min(r["pingpong4"] for r in narrow), 2), round(max(r["pingpong4"] for r in narrow), 2)) == (1.41, 1.65)
 
 
 def test_memory_notebook_vocab_parallel_table(runs):
