@@ -2,23 +2,25 @@
 
 import torch
 
+from .logit_transform import logit_transform
 from .output import ORPOOutput, orpo_output
 from .pairs import OddsRatioLoss
 from .validation import check_arguments, check_options, count_tokens
 
 
 def orpo_loss_baseline(hidden, weight, target, bias=None, *, beta=0.1, ignore_index=-100, nll_target=None,
-                       compute_nll_loss=True) -> ORPOOutput:
+                       compute_nll_loss=True, logit_scale=1.0, logit_softcap=None) -> ORPOOutput:
     """ORPO loss through the full (B, T, V) logits, upcast to float32 (float64 stays) before log_softmax.
 
     Same arguments and semantics as ``fused_linear_orpo_loss``; memory grows with B·T·V.
     """
     check_arguments(hidden, weight, target, bias, nll_target)
     check_options(beta=beta, ignore_index=ignore_index, compute_nll_loss=compute_nll_loss)
+    transform = logit_transform(logit_scale, logit_softcap)
     counts = count_tokens(target, nll_target, weight.shape[0], ignore_index, compute_nll_loss)
     pairs = hidden.shape[0] // 2
     logits = torch.nn.functional.linear(hidden, weight, bias)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32, float64 stays
+    logits = transform(logits.to(torch.promote_types(logits.dtype, torch.float32)))  # float32, float64 stays
     log_probs = logits.log_softmax(-1)
 
     def token_logps(labels, valid):

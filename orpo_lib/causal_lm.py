@@ -7,14 +7,17 @@ rejected rows, each of T positions):
 * the NLL sees prompt and response: ``input_ids`` where ``attention_mask`` is 1, shifted;
 * position t predicts token t + 1, so the loss takes ``hidden[:, :-1]`` against ``labels[:, 1:]``.
 
-``orpo_targets`` builds the two label tensors, ``fused_orpo_loss_for_batch`` runs the model's decoder
-and the fused loss on its LM head, and ``trl_metrics`` names the metrics as TRL logs them. Nothing here
-needs TRL itself; ``orpo_lib.trl.FusedORPOTrainer`` (the ``trl`` extra) is ORPOTrainer on top of it.
+``orpo_targets`` builds the two label tensors, ``logit_options`` reads how the model turns its head's output
+into logits from its config, ``check_head`` runs the model once to confirm that the fused loss computes the
+model's own logits, ``fused_orpo_loss_for_batch`` runs the model's decoder and the fused loss on its LM head,
+and ``trl_metrics`` names the metrics as TRL logs them. Nothing here needs TRL itself;
+``orpo_lib.trl.FusedORPOTrainer`` (the ``trl`` extra) is ORPOTrainer on top of it.
 """
 
 import torch
 
 from .fused import fused_linear_orpo_loss
+from .logit_transform import logit_transform
 from .output import ORPOOutput
 
 IGNORE_INDEX = -100  # TRL's label padding
@@ -26,29 +29,107 @@ def orpo_targets(input_ids, attention_mask, labels):
     return labels[:, 1:], nll_target
 
 
-def _check_supported(model) -> None:
+# Config attributes that change a causal LM's logits after its head, as transformers 5.24's modeling files use
+# them (the model's text config holds them in multimodal models). Each maps a value to logit_scale or
+# logit_softcap; None means the model leaves its logits alone.
+LOGIT_SCALES = {
+    "logit_scale": lambda v, model_type: v,  # Cohere, Cohere2, Cohere2-MoE: logits * logit_scale
+    # Granite (all its variants) and MiniCPM3 divide by logits_scaling (MiniCPM3 its hidden states: no bias, the
+    # same); HyperCLOVAX multiplies by it
+    "logits_scaling": lambda v, model_type: v if model_type.startswith("hyperclovax") else 1.0 / v,
+    "lm_head_multiplier": lambda v, model_type: v,  # Falcon-H1
+    "output_multiplier": lambda v, model_type: v,  # Muse (then soft-capped)
+    "logits_mup_width_multiplier": lambda v, model_type: 1.0 / v,  # Inkling divides its hidden states
+}
+LOGIT_SOFTCAPS = ("final_logit_softcapping",  # Gemma-2, Gemma-3, Gemma-3n, Gemma-4, VaultGemma, NanoChat, ...
+                  "logits_soft_cap",  # RecurrentGemma
+                  "output_logit_soft_cap")  # xLSTM
+
+
+def logit_options(model) -> dict:
+    """``logit_scale`` and ``logit_softcap`` for ``fused_linear_orpo_loss``, read from the model's config
+    (``LOGIT_SCALES``, ``LOGIT_SOFTCAPS``); the model's own forward multiplies first, then caps."""
+    config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(config, "model_type", "") or ""
+    scale = 1.0
+    for name, to_scale in LOGIT_SCALES.items():
+        value = getattr(config, name, None)
+        if value is not None:
+            scale *= to_scale(float(value), model_type)
+    caps = [float(getattr(config, name)) for name in LOGIT_SOFTCAPS if getattr(config, name, None) is not None]
+    options = dict(logit_scale=scale, logit_softcap=caps[0] if caps else None)
+    try:
+        logit_transform(**options)
+    except ValueError as e:
+        raise NotImplementedError(f"the model's config gives logits the fused loss cannot compute: {e}") from None
+    return options
+
+
+def check_supported(model) -> None:
+    """Refuse, before any work, a model whose logits the fused loss cannot form from its decoder and its head."""
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
         raise NotImplementedError("fused ORPO supports decoder-only models; this model is an encoder-decoder")
-    for name in ("final_logit_softcapping", "logit_scale"):
-        if getattr(config, name, None) not in (None, 1.0):
-            raise NotImplementedError(f"the model's config sets {name}={getattr(config, name)}: its logits are not "
-                                      "hidden @ lm_head.weight.T, which is what the fused loss computes")
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or {name for name, _ in head.named_parameters()} - {"weight", "bias"}:
+        # (an adapter on the head, or a head with parameters of its own, such as a learned logit scale per token)
+        raise NotImplementedError(f"the model's LM head is a {type(head).__name__} with parameters "
+                                  f"{sorted(name for name, _ in head.named_parameters())}: the fused loss computes "
+                                  "hidden @ weight.T + bias and trains weight and bias alone")
 
 
-def fused_orpo_loss_for_batch(model, input_ids, attention_mask, labels, *, beta: float,
-                              chunk_size=None) -> ORPOOutput:
+PROBE_TOKENS = 16
+
+
+@torch.no_grad()
+def check_head(model) -> dict:
+    """Run the model once on a probe of ``PROBE_TOKENS`` tokens (one forward, no gradients, its logits
+    ``PROBE_TOKENS`` × V) and check that its own logits are what the fused loss computes from its decoder's
+    last hidden state, its head and ``logit_options``; returns those options. Raises NotImplementedError,
+    naming what differs, for a model whose logits are something else."""
+    check_supported(model)
+    options = logit_options(model)
+    head = model.get_output_embeddings()
+    ids = torch.arange(PROBE_TOKENS, device=head.weight.device)[None] % head.weight.shape[0]
+    mask = torch.ones_like(ids)
+    training = model.training
+    model.eval()  # (no dropout: the two forwards see the same network)
+    try:
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    finally:
+        model.train(training)
+    head_out = torch.nn.functional.linear(hidden, head.weight, head.bias).float()
+    ours = logit_transform(**options)(head_out)
+    tolerance = 1e-4 if head.weight.dtype == torch.float32 else 2e-2  # (a half-precision model rounds its logits)
+    error = ((logits - ours).norm() / logits.norm().clamp_min(1e-30)).item()
+    if logits.shape != ours.shape or not error <= tolerance:
+        fitted = ((logits * head_out).sum() / (head_out * head_out).sum().clamp_min(1e-30)).item()
+        raise NotImplementedError(
+            f"the model's logits are not what the fused loss computes from its decoder and its head with "
+            f"{options} (read from its config): on a probe of {PROBE_TOKENS} tokens they differ by {error:.3g} "
+            f"relative (allowed {tolerance:g}); a least-squares multiplier of hidden @ weight.T + bias would be "
+            f"{fitted:.6g}. Its forward changes the logits in a way orpo_lib does not read from "
+            f"{type(model.config).__name__}")
+    return options
+
+
+def fused_orpo_loss_for_batch(model, input_ids, attention_mask, labels, *, beta: float, chunk_size=None,
+                              options=None) -> ORPOOutput:
     """TRL's ORPO loss of a causal LM on a concatenated batch, through the decoder and the fused LM-head loss.
 
     ``model`` is a Hugging Face causal LM (``get_decoder()`` gives the transformer, whose last hidden state
-    is what the LM head reads; ``get_output_embeddings()`` the head).
+    is what the LM head reads; ``get_output_embeddings()`` the head). ``options``: the logit options as
+    ``check_head`` returns them (None: ``logit_options(model)``, not checked against the model's forward).
     """
-    _check_supported(model)
+    check_supported(model)
+    options = logit_options(model) if options is None else options
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     target, nll_target = orpo_targets(input_ids, attention_mask, labels)
     return fused_linear_orpo_loss(hidden[:, :-1], head.weight, target, head.bias, beta=beta,
-                                  ignore_index=IGNORE_INDEX, nll_target=nll_target, chunk_size=chunk_size)
+                                  ignore_index=IGNORE_INDEX, nll_target=nll_target, chunk_size=chunk_size, **options)
 
 
 def trl_metrics(out: ORPOOutput) -> dict:

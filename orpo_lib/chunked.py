@@ -53,6 +53,7 @@ import torch
 
 from . import kernels, schedule
 from ._triton_mode import INTERPRET
+from .logit_transform import IDENTITY, LogitTransform
 from .validation import TokenCounts, copy_to_host
 
 
@@ -66,6 +67,7 @@ class Options:
     grad_weight: bool
     grad_bias: bool
     single_block: bool  # schedule.single_block: every row in one block, whose gradient GEMMs (if any) wait for backward
+    transform: LogitTransform = IDENTITY  # the model's logits from the head's output (the row kernels apply it)
 
     @property
     def needs_grad(self) -> bool:
@@ -289,14 +291,14 @@ def make_block(span, x, logits, row_tokens, counts: TokenCounts, token_order: bo
     return Block(span, tokens, x, logits, counts.target_ids.view(-1)[ids_of], counts.nll_ids.view(-1)[ids_of])
 
 
-def row_stats(block: Block, stats: TokenStats) -> None:
+def row_stats(block: Block, stats: TokenStats, transform: LogitTransform) -> None:
     kernels.row_stats(block.logits, block.target, block.nll_target, block.tokens, stats.logp, stats.nll_logp,
-                      stats.logit_sum, stats.lse)
+                      stats.logit_sum, stats.lse, transform=transform)
 
 
-def row_grads(block: Block, stats: TokenStats, nll_tokens: int, seq: int) -> None:
+def row_grads(block: Block, stats: TokenStats, nll_tokens: int, seq: int, transform: LogitTransform) -> None:
     kernels.row_grads(block.logits, block.target, block.nll_target, block.tokens, stats.logp, stats.nll_logp,
-                      stats.lse, stats.seq_coef, nll_tokens=nll_tokens, seq_len=seq)
+                      stats.lse, stats.seq_coef, nll_tokens=nll_tokens, seq_len=seq, transform=transform)
 
 
 @dataclass
@@ -410,7 +412,7 @@ def statistics_only(call: Call, group, ready: Block | None) -> None:
     (``statistics_in_gemm``), from inside the logits GEMM."""
     if call.buffer is not None:
         for span in group.blocks:
-            row_stats(block_at(call, span, ready), call.stats)
+            row_stats(block_at(call, span, ready), call.stats, call.opts.transform)
         return
     from .kernels.gluon_row_stats import logits_row_stats  # Gluon: imported only where Hopper runs it
     for span in group.blocks:
@@ -423,7 +425,7 @@ def statistics_only(call: Call, group, ready: Block | None) -> None:
 def statistics_in_gemm(hidden, weight, bias, rows: int, opts: Options) -> bool:
     """``schedule.statistics_in_gemm`` for these tensors and ``rows`` kept rows, with the alignment TMA needs of
     their rows."""
-    if opts.needs_grad or not hidden.is_cuda or INTERPRET:
+    if opts.needs_grad or not opts.transform.identity or not hidden.is_cuda or INTERPRET:
         return False
     aligned = weight.stride(1) == 1 and all(t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0
                                             for t in (hidden, weight))
@@ -437,13 +439,13 @@ def two_passes(call: Call, group, sums: GradSums | None, ready: Block | None) ->
     then each block's gradient (``sums`` None: a single block, whose GEMMs wait for backward)."""
     for span in group.blocks:
         block = block_at(call, span, ready)
-        row_stats(block, call.stats)
+        row_stats(block, call.stats, call.opts.transform)
     group_pair_terms(call, group)
     # The buffer still holds the last block's logits: take the blocks last to first, so that only the
     # others have their logits computed again.
     for span in reversed(group.blocks):
         block = block_at(call, span, block)
-        row_grads(block, call.stats, call.nll_tokens, call.seq)
+        row_grads(block, call.stats, call.nll_tokens, call.seq, call.opts.transform)
         if sums is not None:
             add_block_grads(sums, block, call.head, call.plan.token_order)
 
@@ -475,12 +477,13 @@ def one_pass(call: Call, group, sums: GradSums, ready: Block | None) -> None:
     pair = new_pair_sums(call, group, sums)
     for span in group.blocks:
         block = block_at(call, span, ready)
-        row_stats(block, call.stats)
+        row_stats(block, call.stats, call.opts.transform)
         if span[0] < group.response_start:  # no odds-ratio target: row_grads needs no sequence coefficient yet
-            row_grads(block, call.stats, call.nll_tokens, call.seq)
+            row_grads(block, call.stats, call.nll_tokens, call.seq, call.opts.transform)
             add_block_grads(sums, block, call.head, call.plan.token_order)
         else:
-            kernels.row_logp_grads(block.logits, block.target, block.tokens, call.stats.logp, call.stats.lse)
+            kernels.row_logp_grads(block.logits, block.target, block.tokens, call.stats.logp, call.stats.lse,
+                                   transform=call.opts.transform)
             add_to_pair_sums(pair, block, group, call.head, sums.dw_dtype)
     group_pair_terms(call, group)
     add_pair_sums(sums, pair, pair_scales(call, group.first_pair), call, group)
@@ -572,20 +575,21 @@ def early_logits(hidden, weight, bias, kept_order) -> EarlyLogits:
     return EarlyLogits(buffer, rows, head)
 
 
-def finish_early_logits(early: EarlyLogits, plan: Plan, rows: int, hidden, bias, counts: TokenCounts):
+def finish_early_logits(early: EarlyLogits, plan: Plan, rows: int, hidden, bias, counts: TokenCounts,
+                        transform: LogitTransform):
     """The single block's ``rows`` logits, those after the early ones computed now; with dropped tokens also
     their logit sums per half, from rows appended to the same GEMM (``dropped_sum_rows``), or None where no
-    GEMM follows the early rows or the buffer has no room for those rows."""
+    GEMM follows the early rows, the buffer has no room for those rows or the transform has a cap."""
     start, dropped_sums = early.rows, None
     if rows > start:
         x = block_rows(plan, (start, rows), hidden)
-        with_sums = plan.dropped and rows + DROPPED_SUM_ROWS <= len(early.buffer)
+        with_sums = plan.dropped and transform.linear and rows + DROPPED_SUM_ROWS <= len(early.buffer)
         if with_sums:
             x = torch.cat([x, dropped_sum_rows(hidden, counts)])
         linear_into(early.buffer[start:start + len(x)], x, early.head)
         if with_sums:
-            dropped_sums = dropped_logit_sums_from(early.buffer[rows:rows + DROPPED_SUM_ROWS], bias, counts,
-                                                   hidden.shape)
+            dropped_sums = transform.scale * dropped_logit_sums_from(early.buffer[rows:rows + DROPPED_SUM_ROWS], bias,
+                                                                     counts, hidden.shape)
     return early.buffer[:rows], dropped_sums
 
 
@@ -603,7 +607,8 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
             x, logits = block_logits(plan, first_span, buffer, hidden, head)
         else:  # a single block (its x is read again in backward)
             head, buffer, x = early.head, early.buffer, None
-            logits, dropped_sums = finish_early_logits(early, plan, first_span[1], hidden, bias, counts)
+            logits, dropped_sums = finish_early_logits(early, plan, first_span[1], hidden, bias, counts,
+                                                       opts.transform)
         # the first GEMM is queued: the GPU is busy while the host finishes the setup
         call = new_call(hidden, head, counts, opts, plan, buffer)
         sums = new_grad_sums(hidden, weight, plan, opts) if opts.needs_grad and not opts.single_block else None
@@ -620,7 +625,10 @@ def forward(hidden, weight, bias, counts: TokenCounts, opts: Options, early: Ear
     if not opts.needs_grad:  # with gradients, the chunk groups computed them pair by pair
         pair_terms(call.stats, counts, 0, hidden.shape[0] // 2, hidden.shape[1], opts.beta)
     if plan.dropped and dropped_sums is None:
-        dropped_sums = dropped_logit_sums(hidden, weight, bias, counts)
+        if opts.transform.linear:
+            dropped_sums = dropped_logit_sums(hidden, weight, bias, counts, opts.transform)
+        else:
+            capped_dropped_logit_sums(call, weight.shape[0])
     loss, metrics = call_terms(call.stats, counts, dropped_sums, weight.shape[0], opts.beta, opts.compute_nll_loss)
     if opts.single_block and opts.needs_grad:  # the single block fills the buffer (up to its kept rows)
         return Forward(loss, metrics, call.stats.seq_logp, logit_grads=with_padding(call.buffer[:plan.buffer_rows]),
@@ -663,12 +671,30 @@ def dropped_logit_sums_from(sum_logits, bias, counts: TokenCounts, hidden_shape)
     return sums if bias is None else sums + dropped_bias_sums(bias, counts, hidden_shape, taken=2)
 
 
-def dropped_logit_sums(hidden, weight, bias, counts: TokenCounts):
+def dropped_logit_sums(hidden, weight, bias, counts: TokenCounts, transform: LogitTransform = IDENTITY):
     """The dropped tokens' logit sums per half where no GEMM gives them (several blocks, no buffer, a vocabulary
-    shard): sum_v logits = h·sum_v W + sum(b), which reads all of W."""
+    shard): sum_v logits = scale·(h·sum_v W + sum(b)), which reads all of W. (Linear transforms only.)"""
     sums = kernels.dropped_row_sums(hidden, counts.target_ids, counts.nll_ids) @ weight.sum(
         0, dtype=stats_dtype(hidden.dtype))
-    return sums if bias is None else sums + dropped_bias_sums(bias, counts, hidden.shape, taken=0)
+    sums = sums if bias is None else sums + dropped_bias_sums(bias, counts, hidden.shape, taken=0)
+    return transform.scale * sums
+
+
+CAPPED_DROPPED_ROWS = 1024  # the most dropped rows whose logits exist at once (at V=128256 in bf16, 0.25 GiB)
+
+
+def capped_dropped_logit_sums(call: Call, vocab: int) -> None:
+    """With a cap a row's logit sum is no longer linear in the row: the dropped tokens' logits are computed, a
+    chunk at a time, and ``row_stats_kernel`` (no target) writes each one's sum where a kept token's goes."""
+    dropped = (~call.counts.kept_mask).view(-1).nonzero().squeeze(1)
+    rows = min(len(dropped), CAPPED_DROPPED_ROWS)
+    buffer = new_logits_buffer(rows, vocab, call.hidden)
+    no_target = torch.full((rows,), -1, dtype=torch.int32, device=call.hidden.device)
+    for start in range(0, len(dropped), rows):
+        tokens = dropped[start:start + rows]
+        logits = linear_into(buffer[:len(tokens)], gather_rows(call.hidden, tokens), call.head)
+        kernels.row_stats(logits, no_target[:len(tokens)], no_target[:len(tokens)], tokens, call.stats.logp,
+                          call.stats.nll_logp, call.stats.logit_sum, call.stats.lse, transform=call.opts.transform)
 
 
 def dropped_bias_sums(bias, counts: TokenCounts, hidden_shape, taken: int):

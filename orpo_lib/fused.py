@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from . import chunked, schedule
+from .logit_transform import LogitTransform, logit_transform
 from .output import METRICS, ORPOOutput, output_from_metrics
 from .validation import check_arguments, check_labels, check_options, on_device, read_counts
 
@@ -43,11 +44,12 @@ def _empty(like):
 def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
              nll_target: Optional[torch.Tensor], beta: float, ignore_index: int, compute_nll_loss: bool,
              chunk_size: Optional[int], fp32_weight_grad: bool, grad_hidden: bool, grad_weight: bool,
-             grad_bias: bool, single_block: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+             grad_bias: bool, single_block: bool, logit_scale: float = 1.0, logit_softcap: Optional[float] = None,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                        torch.Tensor]:
     """loss, metrics (output.METRICS, then the rewards), seq_logp; dx, dw, db sums; logit_grads, row_tokens."""
     opts = chunked.Options(beta, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
-                           single_block)
+                           single_block, LogitTransform(logit_scale, logit_softcap))
     # A single block's rows may come in token order (any order serves one block), so that its first logits,
     # queued before the counts are read back, are the same rows whether or not some tokens are dropped. (Not
     # where a call without gradients may take its statistics from inside the GEMM, which has no buffer.)
@@ -71,7 +73,8 @@ _forward_op = torch.library.custom_op(f"{_OPS}::{FORWARD_OP}", _forward, mutates
 
 @_forward_op.register_fake
 def _forward_fake(hidden, weight, bias, target, nll_target, beta, ignore_index, compute_nll_loss, chunk_size,
-                  fp32_weight_grad, grad_hidden, grad_weight, grad_bias, single_block):
+                  fp32_weight_grad, grad_hidden, grad_weight, grad_bias, single_block, logit_scale=1.0,
+                  logit_softcap=None):
     batch, seq, size = hidden.shape
     vocab = weight.shape[0]
     acc = chunked.stats_dtype(hidden.dtype)
@@ -136,7 +139,7 @@ def _traced(*tensors) -> bool:
 class _FusedLinearORPO(torch.autograd.Function):
     """The autograd boundary over the two ops. Traced, forward and backward call the custom ops, which the
     compiler sees as opaque calls; in eager mode they call the same functions directly, because the
-    dispatcher's handling of the ops' 14 arguments and 11 outputs costs tens of µs a call on the host,
+    dispatcher's handling of the ops' 16 arguments and 8 outputs costs tens of µs a call on the host,
     which the GPU waits for at small shapes."""
 
     @staticmethod
@@ -155,25 +158,29 @@ class _FusedLinearORPO(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *_metrics_and_saved):
         if grad_loss is None:  # the loss was not used (gradients are not materialised as zeros)
-            return (None,) * 14
+            return (None,) * 16
         hidden, weight, *saved = ctx.saved_tensors
         grad_hidden, grad_weight, grad_bias, single_block = ctx.grad_flags
         backward = _backward_op if _traced(grad_loss, hidden, weight) else _backward
         dx, dw, db = backward(grad_loss, hidden, weight, *saved, grad_hidden, grad_weight, grad_bias, single_block)
         return (dx if grad_hidden else None, dw if grad_weight else None, db if grad_bias else None,
-                *[None] * 11)
+                *[None] * 13)
 
 
 def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignore_index=-100, nll_target=None,
-                           compute_nll_loss=True, chunk_size=None, fp32_weight_grad=True) -> ORPOOutput:
-    """ORPO loss of ``hidden @ weight.T (+ bias)`` without materialising the logits.
+                           compute_nll_loss=True, chunk_size=None, fp32_weight_grad=True, logit_scale=1.0,
+                           logit_softcap=None) -> ORPOOutput:
+    """ORPO loss of the logits ``hidden @ weight.T (+ bias)`` without materialising them.
 
     hidden: (B, T, H), rows [0, B/2) the chosen responses and [B/2, B) the rejected ones (pair i
     is rows i and i + B/2); weight: (V, H); target: (B, T) token ids, already shifted,
     ``ignore_index`` where a position does not count; nll_target: optional labels for the NLL term
     (default: ``target``); chunk_size: the most token rows whose logits exist at once (None: chosen
     from a memory budget); fp32_weight_grad: accumulate dW across chunks in float32 (False: in the
-    weight's dtype, which saves V×H×4 bytes at some cost in precision).
+    weight's dtype, which saves V×H×4 bytes at some cost in precision); logit_scale, logit_softcap: the
+    model's logits are ``cap·tanh(scale·z / cap)`` of the head's z (``scale·z`` without a cap), as a model's
+    forward computes them (``orpo_lib.logit_transform``; ``orpo_lib.causal_lm.logit_options`` reads them from
+    a Hugging Face config).
 
     Gradients flow to hidden, weight and bias, each only if it requires grad. The loss is float32
     (float64 for float64 inputs). Safe inside ``torch.compile``, including ``fullgraph=True``.
@@ -181,6 +188,7 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignor
     check_arguments(hidden, weight, target, bias, nll_target)
     check_options(beta=beta, ignore_index=ignore_index, compute_nll_loss=compute_nll_loss, chunk_size=chunk_size,
                   fp32_weight_grad=fp32_weight_grad)
+    transform = logit_transform(logit_scale, logit_softcap)
     hidden, weight, bias = _autocast_inputs(hidden, weight, bias)
     grad_on = torch.is_grad_enabled()
     grad_hidden = grad_on and hidden.requires_grad
@@ -193,7 +201,7 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, beta=0.1, ignor
     loss, metrics, seq_logp, *_saved = _FusedLinearORPO.apply(
         hidden, weight, bias, target, nll_target, float(beta), int(ignore_index), compute_nll_loss,
         None if chunk_size is None else int(chunk_size), fp32_weight_grad, grad_hidden, grad_weight, grad_bias,
-        single_block)
+        single_block, transform.scale, transform.softcap)
     return output_from_metrics(loss, metrics, seq_logp)
 
 
@@ -211,18 +219,23 @@ def _autocast_inputs(hidden, weight, bias):
 class FusedLinearORPOLoss(torch.nn.Module):
     """``fused_linear_orpo_loss`` with its options held by the module (all keyword-only)."""
 
-    def __init__(self, *, beta=0.1, ignore_index=-100, compute_nll_loss=True, chunk_size=None, fp32_weight_grad=True):
+    def __init__(self, *, beta=0.1, ignore_index=-100, compute_nll_loss=True, chunk_size=None, fp32_weight_grad=True,
+                 logit_scale=1.0, logit_softcap=None):
         super().__init__()
         check_options(beta=beta, ignore_index=ignore_index, compute_nll_loss=compute_nll_loss, chunk_size=chunk_size,
                       fp32_weight_grad=fp32_weight_grad)
+        logit_transform(logit_scale, logit_softcap)
         self.beta, self.ignore_index, self.compute_nll_loss = beta, ignore_index, compute_nll_loss
         self.chunk_size, self.fp32_weight_grad = chunk_size, fp32_weight_grad
+        self.logit_scale, self.logit_softcap = logit_scale, logit_softcap
 
     def forward(self, hidden, weight, target, bias=None, *, nll_target=None) -> ORPOOutput:
         return fused_linear_orpo_loss(hidden, weight, target, bias, beta=self.beta, ignore_index=self.ignore_index,
                                       nll_target=nll_target, compute_nll_loss=self.compute_nll_loss,
-                                      chunk_size=self.chunk_size, fp32_weight_grad=self.fp32_weight_grad)
+                                      chunk_size=self.chunk_size, fp32_weight_grad=self.fp32_weight_grad,
+                                      logit_scale=self.logit_scale, logit_softcap=self.logit_softcap)
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, ignore_index={self.ignore_index}, compute_nll_loss={self.compute_nll_loss}, "
-                f"chunk_size={self.chunk_size}, fp32_weight_grad={self.fp32_weight_grad}")
+                f"chunk_size={self.chunk_size}, fp32_weight_grad={self.fp32_weight_grad}, "
+                f"logit_scale={self.logit_scale}, logit_softcap={self.logit_softcap}")

@@ -10,15 +10,18 @@ import torch
 
 
 def orpo_loss_reference(hidden, weight, target, bias=None, *, beta=0.1, ignore_index=-100, nll_target=None,
-                        compute_nll_loss=True) -> dict:
+                        compute_nll_loss=True, logit_scale=1.0, logit_softcap=None) -> dict:
     """Loss and metrics in float64. Differentiable with respect to the float64 tensors it is given.
+    The logits are ``cap·tanh(scale·z / cap)`` of z = hidden @ weight.T + bias (``scale·z`` without a cap).
 
     Pass float64 leaf tensors to get float64 gradients (``hidden.double().requires_grad_()``).
     """
     hidden, weight = hidden.double(), weight.double()
     bias = None if bias is None else bias.double()
     pairs = hidden.shape[0] // 2
-    logits = hidden @ weight.T + (0.0 if bias is None else bias)
+    logits = logit_scale * (hidden @ weight.T + (0.0 if bias is None else bias))
+    if logit_softcap is not None:
+        logits = logit_softcap * torch.tanh(logits / logit_softcap)
     log_probs = torch.log_softmax(logits, dim=-1)
 
     def token_logps(labels):

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import chunked, schedule
+from .logit_transform import logit_transform
 from .output import ORPOOutput, output_from_metrics
 from .validation import check_arguments, check_options, count_tokens, on_device
 
@@ -82,7 +83,7 @@ def _combine_row_stats(stats: chunked.TokenStats, target_local, nll_local, has_t
 
 
 def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, compute_nll_loss, chunk_size,
-             grad_hidden, grad_weight):
+             grad_hidden, grad_weight, transform):
     start, vocab = shard_starts(weight.shape[0], group, hidden.device)
     counts = count_tokens(target, nll_target, vocab, ignore_index, compute_nll_loss)  # global ids: same on every rank
     batch, seq, size = hidden.shape
@@ -92,12 +93,12 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     # (the gradient pass: a token counts on every rank, whichever shard holds its column)
     target_grad_ids, nll_grad_ids = _local_ids(target_ids, start, shard, shard), _local_ids(nll_ids, start, shard, shard)
     stats = chunked.new_token_stats(batch, seq, chunked.stats_dtype(hidden.dtype), hidden.device)
-    # The rows some target needs, in token order (a token neither target counts is left out of every GEMM).
-    kept = sum(counts.kept_per_seq)
-    dropped = kept < tokens
+    # The rows some target needs, in token order (a token neither target counts is left out of every GEMM, but
+    # for a cap: its logit sum then needs its logits, and it goes through the GEMMs with no target).
+    dropped = sum(counts.kept_per_seq) < tokens and transform.linear
     row_tokens = (counts.kept_mask.view(-1).nonzero().squeeze(1) if dropped
                   else torch.arange(tokens, device=hidden.device))
-    rows = chunk_size or schedule.DEFAULT_CHUNK_ROWS
+    kept, rows = len(row_tokens), chunk_size or schedule.DEFAULT_CHUNK_ROWS
     spans = [(r, min(r + rows, kept)) for r in range(0, kept, rows)]
     buffer = chunked.new_logits_buffer(spans[0][1] - spans[0][0], shard, hidden)
     flat = None if dropped else chunked.hidden_rows(hidden)  # hidden's rows in place, where its strides allow
@@ -111,7 +112,7 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
         return chunked.Block(span, tokens_here, x, logits, target[tokens_here], nll_target[tokens_here])
 
     for span in spans:
-        chunked.row_stats(block(span, target_local, nll_local), stats)
+        chunked.row_stats(block(span, target_local, nll_local), stats, transform)
     _combine_row_stats(stats, target_local, nll_local, target_ids >= 0, nll_ids >= 0, group)
     chunked.pair_terms(stats, counts, 0, batch // 2, seq, beta)
     dx = (hidden.new_zeros if dropped else hidden.new_empty)(tokens, size) if grad_hidden else None
@@ -120,7 +121,7 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
         # last chunk first: its logits are still in the buffer, the others are computed again
         for span in reversed(spans):
             b = block(span, target_grad_ids, nll_grad_ids, logits_ready=span == spans[-1])
-            chunked.row_grads(b, stats, max(counts.nll_tokens, 1), seq)
+            chunked.row_grads(b, stats, max(counts.nll_tokens, 1), seq, transform)
             if grad_hidden:  # the chunk's dX rows in float32, summed over the ranks, rounded once
                 partial = chunked.mm_into(b.x.new_empty(b.x.shape, dtype=stats.lse.dtype), b.logits, weight)
                 dx.index_copy_(0, b.tokens, _rank_order_sum(partial, group).to(dx.dtype))
@@ -129,7 +130,7 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     dx = dx.view(hidden.shape) if grad_hidden else None
     dropped_sums = None
     if dropped:  # the dropped rows' logits of this shard, summed without computing them
-        dropped_sums = _rank_order_sum(chunked.dropped_logit_sums(hidden, weight, None, counts), group)
+        dropped_sums = _rank_order_sum(chunked.dropped_logit_sums(hidden, weight, None, counts, transform), group)
     loss, metrics = chunked.call_terms(stats, counts, dropped_sums, vocab, beta, compute_nll_loss)
     return (loss, metrics, stats.seq_logp), dx, dw
 
@@ -137,10 +138,8 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
 class _VocabParallelORPO(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, nll_target, options):
-        group, beta, ignore_index, compute_nll_loss, chunk_size, grad_hidden, grad_weight = options
         with on_device(hidden.device):
-            terms, dx, dw = _forward(hidden, weight, target, nll_target, group, beta, ignore_index, compute_nll_loss,
-                                     chunk_size, grad_hidden, grad_weight)
+            terms, dx, dw = _forward(hidden, weight, target, nll_target, *options)
         ctx.save_for_backward(dx, dw)  # only read in backward: a retained graph can run it again
         ctx.shapes_and_dtype = hidden.shape, weight.shape[0], weight.dtype
         loss, *metrics = terms
@@ -159,20 +158,23 @@ class _VocabParallelORPO(torch.autograd.Function):
 
 
 def vocab_parallel_orpo_loss(hidden, weight_shard, target, *, process_group=None, beta=0.1, ignore_index=-100,
-                             nll_target=None, compute_nll_loss=True, chunk_size=None) -> ORPOOutput:
+                             nll_target=None, compute_nll_loss=True, chunk_size=None, logit_scale=1.0,
+                             logit_softcap=None) -> ORPOOutput:
     """ORPO loss of ``hidden @ W.T`` where each rank of ``process_group`` (default: the world) holds a slice
     ``weight_shard`` (V_r, H) of W's rows, in rank order. hidden, target and nll_target are as for
     ``fused_linear_orpo_loss``, the same on every rank, with global token ids. Every rank returns the same
     loss and metrics; ``hidden`` gets the full dX on every rank, ``weight_shard`` its own slice of dW.
     Every rank must call it with the same arguments but the shard; no bias. chunk_size: token rows per
-    chunk of logits (default ``schedule.DEFAULT_CHUNK_ROWS``)."""
+    chunk of logits (default ``schedule.DEFAULT_CHUNK_ROWS``); logit_scale, logit_softcap as for
+    ``fused_linear_orpo_loss``."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_orpo_loss needs an initialised torch.distributed process group")
     check_arguments(hidden, weight_shard, target, None, nll_target)
     check_options(beta=beta, ignore_index=ignore_index, compute_nll_loss=compute_nll_loss, chunk_size=chunk_size,
                   fp32_weight_grad=True)
+    transform = logit_transform(logit_scale, logit_softcap)
     group = process_group or dist.group.WORLD
     grad_on = torch.is_grad_enabled()  # (inside the Function's forward it is off)
     options = (group, float(beta), int(ignore_index), compute_nll_loss, chunk_size, grad_on and hidden.requires_grad,
-               grad_on and weight_shard.requires_grad)
+               grad_on and weight_shard.requires_grad, transform)
     return output_from_metrics(*_VocabParallelORPO.apply(hidden, weight_shard, target, nll_target, options))

@@ -15,7 +15,8 @@ from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @
 import triton
 import triton.language as tl
 
-from .numerics import expm1
+from ..logit_transform import IDENTITY, LogitTransform
+from .numerics import expm1, model_logits, model_logits_args, model_logits_flags
 from .row_layout import RowLaunch, block_v, rows_of, this_row
 
 
@@ -40,13 +41,17 @@ def row_grads_kernel(
     nll_tokens,  # NLL tokens in the batch: each one's dL/dlogp is -1 / nll_tokens (an int, exact in any dtype)
     seq_len,
     V,  # at least BLOCK_V
+    inner, inner_rest, outer, outer_rest,  # the model's logits from the head's x (numerics.model_logits)
     BLOCK_V: tl.constexpr,
     LOGP_GRAD: tl.constexpr,  # True: a = 1 and no NLL term (d log p(y) / dlogits); seq_coef is not read
+    SCALED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr,
 ):
     row_ptr, target, nll_target, token = this_row(tl.program_id(0), logits_ptr, stride_row, target_ptr,
                                                   nll_target_ptr, token_ptr)
     acc = lse_ptr.dtype.element_ty
-    # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b.
+    # G = a·onehot(y) + b·onehot(y') - s·P with a = dL/dlogp(y), b = dL/dlogp(y'), s = a + b, for the
+    # model's logits; the head's output gets G times their slope (the chain rule).
     if LOGP_GRAD:
         nll_target = tl.full((), -1, tl.int32)
         a = tl.where(target >= 0, tl.full((), 1.0, acc), 0.0)
@@ -67,16 +72,18 @@ def row_grads_kernel(
     offs = tl.arange(0, BLOCK_V)
     tail = V // BLOCK_V * BLOCK_V
     for start in range(0, tail, BLOCK_V):
-        x = tl.load(row_ptr + start + offs)
-        grad = neg_s * tl.exp(x.to(acc) - lse)
+        logit, slope = model_logits(tl.load(row_ptr + start + offs).to(acc), inner, inner_rest, outer, outer_rest,
+                                    SCALED, SOFTCAPPED)
+        grad = neg_s * tl.exp(logit - lse)
         if ((target >= start) & (target < start + BLOCK_V)) | ((nll_target >= start) & (nll_target < start + BLOCK_V)):
             grad = target_columns(grad, start + offs, target, nll_target, target_grad, nll_grad)
-        tl.store(row_ptr + start + offs, grad.to(out_dtype))
+        tl.store(row_ptr + start + offs, (grad * slope).to(out_dtype))
     cols = tail + offs
     in_row = cols < V
-    x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))  # exp(-inf) = 0: nothing overflows
-    grad = target_columns(neg_s * tl.exp(x.to(acc) - lse), cols, target, nll_target, target_grad, nll_grad)
-    tl.store(row_ptr + cols, grad.to(out_dtype), mask=in_row)
+    logit, slope = model_logits(tl.load(row_ptr + cols, mask=in_row, other=0.0).to(acc), inner, inner_rest, outer,
+                                outer_rest, SCALED, SOFTCAPPED)
+    grad = target_columns(neg_s * tl.exp(logit - lse), cols, target, nll_target, target_grad, nll_grad)
+    tl.store(row_ptr + cols, (grad * slope).to(out_dtype), mask=in_row)
 
 
 # Chosen from the H200 launch sweeps in figures/data (notebooks/04-kernel-tuning.ipynb).
@@ -84,22 +91,26 @@ GRADS_LAUNCH = RowLaunch(block_v=8192, num_warps=16)
 
 
 def row_grads(logits, target, nll_target, token, logp, nll_logp, lse, seq_coef, *, nll_tokens: int, seq_len: int,
-              launch: RowLaunch = GRADS_LAUNCH) -> None:
-    """Launch ``row_grads_kernel``: every row of ``logits`` rewritten into dL/dlogits (``nll_tokens``: the NLL
-    term's normaliser; rows without an NLL target, -1, ignore it)."""
+              transform: LogitTransform = IDENTITY, launch: RowLaunch = GRADS_LAUNCH) -> None:
+    """Launch ``row_grads_kernel``: every row of ``logits`` (the head's output) rewritten into dL/dlogits of the
+    head, for the model's logits ``transform`` of it (``nll_tokens``: the NLL term's normaliser; rows without an
+    NLL target, -1, ignore it)."""
     rows, vocab = rows_of(logits)
     row_grads_kernel[(rows,)](
         logits, logits.stride(0), target, nll_target, token, logp, nll_logp, lse, seq_coef, nll_tokens, seq_len, vocab,
-        BLOCK_V=block_v(vocab, launch), LOGP_GRAD=False, num_warps=launch.num_warps,
+        *model_logits_args(transform), BLOCK_V=block_v(vocab, launch), LOGP_GRAD=False,
+        **model_logits_flags(transform), num_warps=launch.num_warps,
     )
 
 
-def row_logp_grads(logits, target, token, logp, lse, *, launch: RowLaunch = GRADS_LAUNCH) -> None:
+def row_logp_grads(logits, target, token, logp, lse, *, transform: LogitTransform = IDENTITY,
+                   launch: RowLaunch = GRADS_LAUNCH) -> None:
     """Launch ``row_grads_kernel`` with ``LOGP_GRAD``: every row of ``logits`` rewritten into
-    d log p(target) / dlogits = onehot(target) - softmax, or 0 where the target is -1."""
+    d log p(target) / dlogits = onehot(target) - softmax (times the transform's slope), or 0 where the target is -1."""
     rows, vocab = rows_of(logits)
     # LOGP_GRAD reads no NLL target, coefficient, NLL count or sequence length: the target's and 1s stand in
     row_grads_kernel[(rows,)](
         logits, logits.stride(0), target, target, token, logp, logp, lse, lse, 1, 1, vocab,
-        BLOCK_V=block_v(vocab, launch), LOGP_GRAD=True, num_warps=launch.num_warps,
+        *model_logits_args(transform), BLOCK_V=block_v(vocab, launch), LOGP_GRAD=True,
+        **model_logits_flags(transform), num_warps=launch.num_warps,
     )

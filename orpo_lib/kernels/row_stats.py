@@ -10,7 +10,8 @@ from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @
 import triton
 import triton.language as tl
 
-from .numerics import log1p
+from ..logit_transform import IDENTITY, LogitTransform
+from .numerics import log1p, model_logits, model_logits_args, model_logits_flags
 from .row_layout import RowLaunch, block_v, rows_of, this_row
 
 
@@ -39,16 +40,21 @@ def row_stats_kernel(
     logit_sum_ptr,  # (B*T,) fp32 out: sum of the row's logits (for the logits-mean metric)
     lse_ptr,  # (B*T,) fp32 out: log-sum-exp of the row, for row_grads_kernel
     V,  # at least BLOCK_V
+    inner, inner_rest, outer, outer_rest,  # the model's logits from the head's x (numerics.model_logits)
     BLOCK_V: tl.constexpr,
     SLOT: tl.constexpr,  # adjacent columns that share a running max and sum (stats_slot(BLOCK_V))
+    SCALED: tl.constexpr,  # the model's logits are a multiple of x
+    SOFTCAPPED: tl.constexpr,  # they are capped (SCALED is then not read)
 ):
     row_ptr, target, nll_target, token = this_row(tl.program_id(0), logits_ptr, stride_row, target_ptr,
                                                   nll_target_ptr, token_ptr)
     acc = lse_ptr.dtype.element_ty  # float32, or float64 for float64 inputs
     has_target = target >= 0
     has_nll = nll_target >= 0
-    target_logit = tl.load(row_ptr + target, mask=has_target, other=0.0).to(acc)
-    nll_logit = tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(acc)
+    target_logit, _ = model_logits(tl.load(row_ptr + target, mask=has_target, other=0.0).to(acc),
+                                   inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
+    nll_logit, _ = model_logits(tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(acc),
+                                inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
 
     # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
     # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
@@ -58,7 +64,9 @@ def row_stats_kernel(
     tail = V // BLOCK_V * BLOCK_V
     cols = tail + offs
     in_row = cols < V
-    x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(acc)
+    x, _ = model_logits(tl.load(row_ptr + cols, mask=in_row, other=0.0).to(acc), inner, inner_rest, outer, outer_rest,
+                        SCALED, SOFTCAPPED)
+    x = tl.where(in_row, x, float("-inf"))
     tail_max = tl.max(x, axis=0)  # -inf when V is a multiple of BLOCK_V (an empty tail)
     tail_ref = tl.where(tail_max == float("-inf"), 0.0, tail_max)  # so that no -inf - -inf is ever formed
     tail_sum = tl.sum(tl.where(in_row & (cols != target), tl.exp(x - tail_ref), 0.0), axis=0)
@@ -75,7 +83,7 @@ def row_stats_kernel(
     last_start = tail - BLOCK_V
     next_x = tl.load(row_ptr + slot)
     for start in range(0, tail, BLOCK_V):
-        block = next_x.to(acc)
+        block, _ = model_logits(next_x.to(acc), inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
         # the last step reloads its own block rather than reading past the whole blocks
         next_x = tl.load(row_ptr + tl.minimum(start + BLOCK_V, last_start) + slot)
         new_max = tl.maximum(slot_max, tl.max(block, axis=1))
@@ -107,13 +115,15 @@ def stats_slot(block: int) -> int:
 
 
 def row_stats(logits, target, nll_target, token, logp, nll_logp, logit_sum, lse, *,
-              launch: RowLaunch = STATS_LAUNCH) -> None:
-    """Launch ``row_stats_kernel`` over every row of ``logits`` (a (C, V) chunk, unit column stride)."""
+              transform: LogitTransform = IDENTITY, launch: RowLaunch = STATS_LAUNCH) -> None:
+    """Launch ``row_stats_kernel`` over every row of ``logits`` (a (C, V) chunk of the head's output, unit column
+    stride): the statistics of the model's logits, ``transform`` of it."""
     rows, vocab = rows_of(logits)
     block = block_v(vocab, launch)
     row_stats_kernel[(rows,)](
         logits, logits.stride(0), target, nll_target, token, logp, nll_logp, logit_sum, lse, vocab,
-        BLOCK_V=block, SLOT=stats_slot(block), num_warps=launch.num_warps,
+        *model_logits_args(transform), BLOCK_V=block, SLOT=stats_slot(block), **model_logits_flags(transform),
+        num_warps=launch.num_warps,
     )
 
 

@@ -137,11 +137,11 @@ def _loss_call(loss_fn, inputs, mode):
     return run
 
 
-def _fused(chunk_size=None, fp32_weight_grad=True):
+def _fused(chunk_size=None, fp32_weight_grad=True, **logit_options):
     def provider(w, inputs, mode):
         def loss_fn(h, wt, t, nt):
             return fused_linear_orpo_loss(h, wt, t, nll_target=nt, chunk_size=chunk_size,
-                                          fp32_weight_grad=fp32_weight_grad).loss
+                                          fp32_weight_grad=fp32_weight_grad, **logit_options).loss
         return _loss_call(loss_fn, inputs, mode)
     return provider
 
@@ -180,6 +180,9 @@ PROVIDERS = {
     "baseline": _baseline,
     "fused": _fused(),
     "fused_lean": _fused(chunk_size=LEAN_CHUNK_ROWS, fp32_weight_grad=False),
+    # the heads of Granite (logits / 8) and Gemma-2 (30·tanh(logits / 30)): what a scale and a cap cost
+    "fused_scaled": _fused(logit_scale=0.125),
+    "fused_capped": _fused(logit_softcap=30.0),
     "liger": _liger,
 }
 

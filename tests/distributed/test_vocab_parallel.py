@@ -25,6 +25,13 @@ METRICS = ["loss", "nll_loss", "or_loss", "chosen_logps", "rejected_logps", "log
            "rejected_logits_mean"]
 
 
+# labels, and the model's logits from the head's (a scale keeps the dropped tokens' logit sums linear; a cap
+# makes each rank compute them)
+CASES = {"nll on the target": ("nll on the target", {}), "trl": ("trl", {}),
+         "scaled": ("nll on the target", dict(logit_scale=0.6)),
+         "trl, scaled and capped": ("trl", dict(logit_scale=1.7, logit_softcap=2.5))}
+
+
 def problem(labels):
     p = make_problem(4, 7, 48, 517, dtype=torch.float64, seed=11, ignored_fraction=0.25)
     return with_trl_labels(p, [2, 3, 1, 4], [0, 1, 2, 0], seed=12) if labels == "trl" else p
@@ -37,23 +44,25 @@ def _worker(rank, world, port, out_dir):
     try:
         results = {}
         start = sum(SHARDS[world][:rank])
-        for labels in ("nll on the target", "trl"):
+        for case, (labels, logits) in CASES.items():
             p = problem(labels)
             hidden = p["hidden"].clone().requires_grad_()
             shard = p["weight"][start:start + SHARDS[world][rank]].clone().requires_grad_()
-            out = vocab_parallel_orpo_loss(hidden, shard, p["target"], nll_target=p["nll_target"], chunk_size=10)
+            out = vocab_parallel_orpo_loss(hidden, shard, p["target"], nll_target=p["nll_target"], chunk_size=10,
+                                           **logits)
             (UPSTREAM * out.loss).backward(retain_graph=True)
             first_dx = hidden.grad.clone()
             (UPSTREAM * out.loss).backward()  # a second backward through the retained graph adds the same again
             assert torch.equal(hidden.grad, 2 * first_dx)
             hidden.grad /= 2
             shard.grad /= 2
-            results[labels] = {**{m: getattr(out, m).detach() for m in METRICS}, "dx": hidden.grad, "dw": shard.grad}
+            results[case] = {**{m: getattr(out, m).detach() for m in METRICS}, "dx": hidden.grad, "dw": shard.grad}
         rewrites = []
         real_row_grads, chunked.row_grads = chunked.row_grads, lambda *a, **k: rewrites.append(1)
         try:
             with torch.no_grad():  # no gradient pass, the same loss
-                no_grad = vocab_parallel_orpo_loss(hidden, shard, p["target"], nll_target=p["nll_target"], chunk_size=10)
+                no_grad = vocab_parallel_orpo_loss(hidden, shard, p["target"], nll_target=p["nll_target"], chunk_size=10,
+                                                   **logits)
         finally:
             chunked.row_grads = real_row_grads
         assert torch.equal(no_grad.loss, out.loss.detach()) and rewrites == []
@@ -71,18 +80,18 @@ def _worker(rank, world, port, out_dir):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_head_matches_one_process(tmp_path, world):
     ranks = run_spawned(_worker, world, (world, _free_port(), str(tmp_path)), tmp_path)
-    for labels in ("nll on the target", "trl"):
+    for case, (labels, logits) in CASES.items():
         p = problem(labels)
-        ref, ref_grads = reference_with_grads(p)
+        ref, ref_grads = reference_with_grads(p, **logits)
         one = orpo_lib.fused_linear_orpo_loss(p["hidden"].clone().requires_grad_(), p["weight"], p["target"],
-                                              nll_target=p["nll_target"])
-        first = ranks[0][labels]
+                                              nll_target=p["nll_target"], **logits)
+        first = ranks[0][case]
         for r in ranks[1:]:  # the same bits everywhere, shards aside
-            assert all(torch.equal(r[labels][k], first[k]) for k in [*METRICS, "dx"]), labels
+            assert all(torch.equal(r[case][k], first[k]) for k in [*METRICS, "dx"]), case
         for m in METRICS:
-            assert rel_err(first[m], ref[m]) < 1e-12 and rel_err(first[m], getattr(one, m)) < 1e-12, (labels, m)
-        assert rel_err(first["dx"], UPSTREAM * ref_grads["hidden"]) < 1e-12, labels
-        assert rel_err(torch.cat([r[labels]["dw"] for r in ranks]), UPSTREAM * ref_grads["weight"]) < 1e-12, labels
+            assert rel_err(first[m], ref[m]) < 1e-12 and rel_err(first[m], getattr(one, m)) < 1e-12, (case, m)
+        assert rel_err(first["dx"], UPSTREAM * ref_grads["hidden"]) < 1e-12, case
+        assert rel_err(torch.cat([r[case]["dw"] for r in ranks]), UPSTREAM * ref_grads["weight"]) < 1e-12, case
     assert all("outside [0, 517)" in r["error"] for r in ranks)
 
 

@@ -294,3 +294,43 @@ def test_compiled_eval_with_statistics_in_gemm(statistics_gemm_anywhere):
     compiled = torch.compile(step, fullgraph=True)(problem["hidden"], problem["weight"], problem["target"])
     assert torch.equal(eager[0], compiled[0])
     torch.testing.assert_close(eager[1], compiled[1], rtol=1e-6, atol=1e-7)
+
+
+LOGIT_TRANSFORMS = {"scaled": dict(logit_scale=0.125), "capped": dict(logit_softcap=2.0),
+                    "scaled and capped": dict(logit_scale=3.0, logit_softcap=1.5)}
+
+
+@pytest.mark.parametrize("transform", LOGIT_TRANSFORMS.values(), ids=LOGIT_TRANSFORMS)
+@pytest.mark.parametrize("path", ["single block", "overlapped single block", "several blocks", "one pass", "no grad"])
+def test_bf16_logit_transforms_no_worse_than_baseline(monkeypatch, transform, path):
+    """Scaled and soft-capped logits (head outputs of std 4, so that the caps saturate) in every schedule: bf16
+    errors against float64, the logit means included, within 1.5× the materialising baseline's."""
+    from orpo_lib import schedule
+
+    problem = make_problem(4, 256, 512, 32003, dtype=torch.bfloat16, device="cuda", with_bias=True,
+                           with_nll_target=path != "one pass", logit_scale=4.0, seed=31, ignored_fraction=0.25)
+    options = dict(transform)
+    if path == "overlapped single block":
+        monkeypatch.setattr(schedule, "early_rows", lambda *args: 256)
+    elif path == "several blocks":
+        options["chunk_size"] = 300
+    elif path == "one pass":
+        problem = with_trl_labels(problem, [100, 60, 30, 120], [0, 20, 40, 0], seed=32)
+        monkeypatch.setattr(schedule, "LOGITS_BUDGET_BYTES", 300 * 32003 * 2)
+        assert split_passes(plan_of(problem)) == [1, 1]
+    ref, ref_grads = reference_with_grads(problem, **transform)
+    if path == "no grad":
+        with torch.no_grad():
+            outs = [fn(problem["hidden"], problem["weight"], problem["target"], problem["bias"],
+                       nll_target=problem["nll_target"], **transform)
+                    for fn in (orpo_lib.fused_linear_orpo_loss, orpo_lib.orpo_loss_baseline)]
+        runs = [(out, {}) for out in outs]
+    else:
+        runs = [run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, **options),
+                run_with_grads(orpo_lib.orpo_loss_baseline, problem, **transform)]
+    (fused, baseline) = [errors(out, grads, ref, {k: ref_grads[k] for k in grads}) for out, grads in runs]
+    for errs, (out, _) in zip((fused, baseline), runs):
+        for name in ("chosen_logits_mean", "rejected_logits_mean", "chosen_logps"):
+            errs[name] = rel_err(getattr(out, name), ref[name])
+    for name in fused:
+        assert fused[name] <= max(1.5 * baseline[name], 1e-3), (name, fused, baseline)

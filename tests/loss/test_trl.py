@@ -9,7 +9,8 @@ import datasets  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 
 import orpo_lib  # noqa: E402
-from orpo_lib.causal_lm import fused_orpo_loss_for_batch, orpo_targets  # noqa: E402
+from orpo_lib import causal_lm  # noqa: E402
+from orpo_lib.causal_lm import check_head, fused_orpo_loss_for_batch, logit_options, orpo_targets  # noqa: E402
 from orpo_lib.trl import FusedORPOTrainer  # noqa: E402
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer  # noqa: E402
 
@@ -26,11 +27,28 @@ def tokenizer():
 
 
 def tiny_llama(seed=0, vocab=len(WORDS) + 4):
+    return tiny_model("llama", seed, vocab)
+
+
+# Tiny random models of the families whose heads change their logits, each with the option that does it set
+# so that it changes the loss (a random model's logits are small: Gemma-2's default cap of 30 would hardly bite).
+HEADS = {
+    "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig, {}),
+    "gemma2": (transformers.Gemma2ForCausalLM, transformers.Gemma2Config, dict(final_logit_softcapping=0.15,
+                                                                               head_dim=8)),
+    "granite": (transformers.GraniteForCausalLM, transformers.GraniteConfig, dict(logits_scaling=8.0)),
+    "cohere": (transformers.CohereForCausalLM, transformers.CohereConfig, dict(logit_scale=0.0625)),
+    "falcon_h1": (transformers.FalconH1ForCausalLM, transformers.FalconH1Config, dict(lm_head_multiplier=0.5)),
+}
+
+
+def tiny_model(kind, seed=0, vocab=len(WORDS) + 4):
+    model_cls, config_cls, options = HEADS[kind]
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      tie_word_embeddings=False)
-    return transformers.LlamaForCausalLM(config).float()
+    config = config_cls(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, **options)
+    return model_cls(config).float()
 
 
 def preference_data(rows=8, seed=1):
@@ -51,9 +69,11 @@ def trainer(cls, model, tmp_path, steps=3):
     return cls(model=model, args=args, train_dataset=preference_data(), processing_class=tokenizer())
 
 
-def test_loss_and_metrics_equal_orpotrainer_on_the_same_batch(tmp_path):
-    """TRL's own materialising computation and the fused one: loss, the 11 logged metrics and every gradient."""
-    model = tiny_llama()
+@pytest.mark.parametrize("kind", HEADS)
+def test_loss_and_metrics_equal_orpotrainer_on_the_same_batch(tmp_path, kind):
+    """TRL's own materialising computation and the fused one: loss, the 11 logged metrics and every gradient,
+    for plain, soft-capped and scaled heads."""
+    model = tiny_model(kind)
     reference, fused = trainer(ORPOTrainer, model, tmp_path), trainer(FusedORPOTrainer, model, tmp_path)
     batch = next(iter(reference.get_train_dataloader()))
     loss_ref, metrics_ref = reference.get_batch_loss_metrics(model, batch)
@@ -70,17 +90,23 @@ def test_loss_and_metrics_equal_orpotrainer_on_the_same_batch(tmp_path):
         torch.testing.assert_close(p.grad, grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_trainer_runs_match_orpotrainer(tmp_path):
-    """Three optimiser steps of each trainer from the same initial model: the same logged losses."""
-    histories = []
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "granite", "cohere"])
+def test_trainer_runs_match_orpotrainer(tmp_path, kind):
+    """Three optimiser steps of each trainer from the same initial model: the same logged losses, gradient
+    norms and metrics, and the same parameters at the end."""
+    histories, parameters = [], []
     for cls in (ORPOTrainer, FusedORPOTrainer):
-        run = trainer(cls, tiny_llama(seed=3), tmp_path / cls.__name__)
+        run = trainer(cls, tiny_model(kind, seed=3), tmp_path / cls.__name__)
         run.train()
         histories.append([entry for entry in run.state.log_history if "loss" in entry])
+        parameters.append(dict(run.model.named_parameters()))
     assert len(histories[0]) == len(histories[1]) == 3
     for ref, fused in zip(*histories):
-        assert fused["loss"] == pytest.approx(ref["loss"], rel=1e-4)
-        assert fused["rewards/margins"] == pytest.approx(ref["rewards/margins"], rel=1e-3, abs=1e-6)
+        assert fused.keys() == ref.keys()
+        for name in ("loss", "grad_norm", *(k for k in ref if "/" in k or k.startswith(("nll", "log_odds")))):
+            assert fused[name] == pytest.approx(ref[name], rel=1e-3, abs=1e-6), name
+    for name, p in parameters[0].items():
+        torch.testing.assert_close(parameters[1][name], p, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_training_loop_with_fused_and_baseline_losses():
@@ -142,20 +168,44 @@ def test_adapter_equals_the_plain_call():
     assert torch.equal(out.loss, want.loss)
 
 
-def test_softcapped_logits_are_refused():
-    model = tiny_llama()
-    model.config.final_logit_softcapping = 30.0
-    ids = torch.randint(4, 100, (2, 6))
-    with pytest.raises(NotImplementedError, match="final_logit_softcapping"):
-        fused_orpo_loss_for_batch(model, ids, torch.ones_like(ids), ids, beta=0.1)
+@pytest.mark.parametrize("kind, options", [
+    ("llama", dict(logit_scale=1.0, logit_softcap=None)), ("gemma2", dict(logit_scale=1.0, logit_softcap=0.15)),
+    ("granite", dict(logit_scale=0.125, logit_softcap=None)), ("cohere", dict(logit_scale=0.0625, logit_softcap=None)),
+    ("falcon_h1", dict(logit_scale=0.5, logit_softcap=None))])
+def test_the_config_gives_the_logit_options_the_probe_confirms(kind, options):
+    model = tiny_model(kind)
+    assert logit_options(model) == options
+    assert check_head(model) == options
+    assert model.training  # the probe's eval mode is undone
 
 
-def test_several_processes_are_refused_before_any_work(tmp_path, monkeypatch):
-    """Under data parallelism the unwrapped decoder's gradients would never be all-reduced: a clear error instead."""
+def test_the_probe_names_an_unknown_multiplier(monkeypatch):
+    """A head whose logits orpo_lib does not know how to form is refused, with the multiplier it would take."""
+    model = tiny_model("granite")
+    monkeypatch.delitem(causal_lm.LOGIT_SCALES, "logits_scaling")
+    with pytest.raises(NotImplementedError, match=r"multiplier of hidden @ weight.T \+ bias would be 0\.125"):
+        check_head(model)
+
+
+def test_gemma2_at_its_default_cap_and_cohere_are_trained_not_refused(tmp_path):
+    for kind, config in (("gemma2", dict(final_logit_softcapping=30.0)), ("cohere", {})):
+        model = tiny_model(kind)
+        model.config.update(config)
+        assert trainer(FusedORPOTrainer, model, tmp_path).logit_options == logit_options(model)
+
+
+def test_a_head_with_parameters_of_its_own_is_refused_when_the_trainer_is_built(tmp_path):
     model = tiny_llama()
-    fused = trainer(FusedORPOTrainer, model, tmp_path)
-    batch = next(iter(fused.get_train_dataloader()))
-    monkeypatch.setattr(type(fused.accelerator), "num_processes", property(lambda self: 2))
+    model.lm_head.register_parameter("logit_scale", torch.nn.Parameter(torch.ones(model.config.vocab_size)))
+    with pytest.raises(NotImplementedError, match="trains weight and bias alone"):
+        trainer(FusedORPOTrainer, model, tmp_path)
+
+
+def test_several_processes_are_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
+    """Under data parallelism the unwrapped decoder's gradients would never be all-reduced: a clear error instead,
+    before any step."""
+    from accelerate import Accelerator
+
+    monkeypatch.setattr(Accelerator, "num_processes", property(lambda self: 2))
     with pytest.raises(NotImplementedError, match="one process, not 2"):
-        fused.get_batch_loss_metrics(model, batch)
-    assert all(p.grad is None for p in model.parameters())
+        trainer(FusedORPOTrainer, tiny_llama(), tmp_path)
