@@ -334,3 +334,23 @@ def test_bf16_logit_transforms_no_worse_than_baseline(monkeypatch, transform, pa
             errs[name] = rel_err(getattr(out, name), ref[name])
     for name in fused:
         assert fused[name] <= max(1.5 * baseline[name], 1e-3), (name, fused, baseline)
+
+
+@hopper_only
+def test_eval_with_a_logit_transform_keeps_the_buffer(monkeypatch, statistics_gemm_anywhere):
+    """The statistics GEMM reduces the head's logits as they are: a call with a scale or a cap takes the buffer
+    path, where the row kernels apply them, even where the GEMM would be taken otherwise."""
+    from orpo_lib import chunked
+
+    problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=6)
+    taken = []
+    real = chunked.statistics_in_gemm
+    monkeypatch.setattr(chunked, "statistics_in_gemm", lambda *a: taken.append(real(*a)) or taken[-1])
+    ref = orpo_lib.orpo_loss_reference(problem["hidden"].double(), problem["weight"].double(), problem["target"],
+                                       logit_softcap=2.0)
+    with torch.no_grad():
+        plain = orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"])
+        capped = orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], problem["target"],
+                                                 logit_softcap=2.0)
+    assert taken == [True, False]
+    assert rel_err(capped.loss, ref["loss"]) < 1e-2 and rel_err(plain.loss, ref["loss"]) > 1e-2
