@@ -53,14 +53,22 @@ def model_logits(x, inner, inner_rest, outer, outer_rest, SCALED: tl.constexpr, 
         # error than any logit's own (softmax is shift-invariant, so absolute errors are what count).
         u = x * inner
         e = tl.exp(-2.0 * tl.abs(u))
-        t = (1.0 - e) / (1.0 + e)
+        r = 1.0 / (1.0 + e)  # one reciprocal for both (the special-function unit is what a cap costs)
+        t = (1.0 - e) * r
         x = outer * tl.where(u < 0, -t, t)
-        slope = inner * outer * 4.0 * e / ((1.0 + e) * (1.0 + e))
+        slope = inner * outer * 4.0 * e * r * r
     elif SCALED:
         inner = _constant(inner, inner_rest, x.dtype)
         x = x * inner
         slope = inner
     return x, slope
+
+
+@triton.jit
+def model_logits_only(x, inner, inner_rest, outer, outer_rest, SCALED: tl.constexpr, SOFTCAPPED: tl.constexpr):
+    # model_logits without the slope (the statistics need none)
+    logits, slope = model_logits(x, inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
+    return logits
 
 
 def _float32_parts(value: float) -> tuple:

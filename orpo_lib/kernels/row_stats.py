@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ..logit_transform import IDENTITY, LogitTransform
-from .numerics import log1p, model_logits, model_logits_args, model_logits_flags
+from .numerics import log1p, model_logits_args, model_logits_flags, model_logits_only
 from .row_layout import RowLaunch, block_v, rows_of, this_row
 
 
@@ -51,10 +51,10 @@ def row_stats_kernel(
     acc = lse_ptr.dtype.element_ty  # float32, or float64 for float64 inputs
     has_target = target >= 0
     has_nll = nll_target >= 0
-    target_logit, _ = model_logits(tl.load(row_ptr + target, mask=has_target, other=0.0).to(acc),
-                                   inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
-    nll_logit, _ = model_logits(tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(acc),
-                                inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
+    target_logit = model_logits_only(tl.load(row_ptr + target, mask=has_target, other=0.0).to(acc),
+                                     inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
+    nll_logit = model_logits_only(tl.load(row_ptr + nll_target, mask=has_nll, other=0.0).to(acc),
+                                  inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
 
     # Online log-sum-exp. The target's own term is left out of the sum so that a near-certain
     # target (the row maximum) gets log p = -log1p(sum of the others) rather than a rounded 0.
@@ -64,8 +64,8 @@ def row_stats_kernel(
     tail = V // BLOCK_V * BLOCK_V
     cols = tail + offs
     in_row = cols < V
-    x, _ = model_logits(tl.load(row_ptr + cols, mask=in_row, other=0.0).to(acc), inner, inner_rest, outer, outer_rest,
-                        SCALED, SOFTCAPPED)
+    x = model_logits_only(tl.load(row_ptr + cols, mask=in_row, other=0.0).to(acc), inner, inner_rest, outer,
+                          outer_rest, SCALED, SOFTCAPPED)
     x = tl.where(in_row, x, float("-inf"))
     tail_max = tl.max(x, axis=0)  # -inf when V is a multiple of BLOCK_V (an empty tail)
     tail_ref = tl.where(tail_max == float("-inf"), 0.0, tail_max)  # so that no -inf - -inf is ever formed
@@ -83,7 +83,7 @@ def row_stats_kernel(
     last_start = tail - BLOCK_V
     next_x = tl.load(row_ptr + slot)
     for start in range(0, tail, BLOCK_V):
-        block, _ = model_logits(next_x.to(acc), inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
+        block = model_logits_only(next_x.to(acc), inner, inner_rest, outer, outer_rest, SCALED, SOFTCAPPED)
         # the last step reloads its own block rather than reading past the whole blocks
         next_x = tl.load(row_ptr + tl.minimum(start + BLOCK_V, last_start) + slot)
         new_max = tl.maximum(slot_max, tl.max(block, axis=1))
