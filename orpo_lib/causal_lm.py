@@ -103,8 +103,11 @@ def check_head(model) -> dict:
     head_out = torch.nn.functional.linear(hidden, head.weight, head.bias).float()
     ours = logit_transform(**options)(head_out)
     tolerance = 1e-4 if head.weight.dtype == torch.float32 else 2e-2  # (a half-precision model rounds its logits)
+    if logits.shape != ours.shape:  # (a head of several outputs per position, say)
+        raise NotImplementedError(f"the model's logits have shape {tuple(logits.shape)}, but its decoder and its "
+                                  f"head give {tuple(ours.shape)} on a probe of {PROBE_TOKENS} tokens")
     error = ((logits - ours).norm() / logits.norm().clamp_min(1e-30)).item()
-    if logits.shape != ours.shape or not error <= tolerance:
+    if not error <= tolerance:
         fitted = ((logits * head_out).sum() / (head_out * head_out).sum().clamp_min(1e-30)).item()
         raise NotImplementedError(
             f"the model's logits are not what the fused loss computes from its decoder and its head with "

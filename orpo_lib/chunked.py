@@ -588,8 +588,8 @@ def finish_early_logits(early: EarlyLogits, plan: Plan, rows: int, hidden, bias,
             x = torch.cat([x, dropped_sum_rows(hidden, counts)])
         linear_into(early.buffer[start:start + len(x)], x, early.head)
         if with_sums:
-            dropped_sums = transform.scale * dropped_logit_sums_from(early.buffer[rows:rows + DROPPED_SUM_ROWS], bias,
-                                                                     counts, hidden.shape)
+            dropped_sums = dropped_logit_sums_from(early.buffer[rows:rows + DROPPED_SUM_ROWS], bias, counts,
+                                                   hidden.shape, transform)
     return early.buffer[:rows], dropped_sums
 
 
@@ -664,11 +664,12 @@ def dropped_sum_rows(hidden, counts: TokenCounts):
     return torch.cat([rounded, (sums - rounded).to(hidden.dtype)])
 
 
-def dropped_logit_sums_from(sum_logits, bias, counts: TokenCounts, hidden_shape):
-    """(2,) the dropped tokens' logit sums per half, from the logits of ``dropped_sum_rows``: each half's two
-    rows took the bias once each, each dropped token takes it once."""
+def dropped_logit_sums_from(sum_logits, bias, counts: TokenCounts, hidden_shape, transform: LogitTransform):
+    """(2,) the dropped tokens' logit sums per half, from the head's outputs for ``dropped_sum_rows``: each half's
+    two rows took the bias once each, each dropped token takes it once; times the scale (linear transforms only)."""
     sums = sum_logits.sum(1, dtype=stats_dtype(sum_logits.dtype)).view(2, 2).sum(0)  # rounded part + rest
-    return sums if bias is None else sums + dropped_bias_sums(bias, counts, hidden_shape, taken=2)
+    sums = sums if bias is None else sums + dropped_bias_sums(bias, counts, hidden_shape, taken=2)
+    return transform.scale * sums
 
 
 def dropped_logit_sums(hidden, weight, bias, counts: TokenCounts, transform: LogitTransform = IDENTITY):
