@@ -9,10 +9,15 @@ rejected rows, each of T positions):
 
 ``orpo_targets`` builds the two label tensors, ``logit_options`` reads how the model turns its head's output
 into logits from its config, ``check_head`` runs the model once to confirm that the fused loss computes the
-model's own logits, ``fused_orpo_loss_for_batch`` runs the model's decoder and the fused loss on its LM head,
-and ``trl_metrics`` names the metrics as TRL logs them. Nothing here needs TRL itself;
+model's own logits, ``fused_orpo_loss_for_batch`` runs the model's decoder and the fused loss on its LM head
+through the model's own call (``install_fused_forward``), inside whatever distributed wrapper holds it, and
+``trl_metrics`` names the metrics as TRL logs them. Nothing here needs TRL itself;
 ``orpo_lib.trl.FusedORPOTrainer`` (the ``trl`` extra) is ORPOTrainer on top of it.
 """
+
+import contextlib
+import dataclasses
+import types
 
 import torch
 
@@ -82,6 +87,17 @@ def check_supported(model) -> None:
 PROBE_TOKENS = 16
 
 
+def gathered_parameters(model):
+    """A context in which the model's parameters are whole: DeepSpeed ZeRO-3 partitions them as the model is
+    built (``from_pretrained`` under a ZeRO-3 config), and gathers them only inside its engine's forward."""
+    partitioned = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not partitioned:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(partitioned)
+
+
 @torch.no_grad()
 def check_head(model) -> dict:
     """Run the model once on a probe of ``PROBE_TOKENS`` tokens (one forward, no gradients, its logits
@@ -91,16 +107,17 @@ def check_head(model) -> dict:
     check_supported(model)
     options = logit_options(model)
     head = model.get_output_embeddings()
-    ids = torch.arange(PROBE_TOKENS, device=head.weight.device)[None] % head.weight.shape[0]
-    mask = torch.ones_like(ids)
     training = model.training
     model.eval()  # (no dropout: the two forwards see the same network)
     try:
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        with gathered_parameters(model):
+            ids = torch.arange(PROBE_TOKENS, device=head.weight.device)[None] % head.weight.shape[0]
+            mask = torch.ones_like(ids)
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            head_out = torch.nn.functional.linear(hidden, head.weight, head.bias).float()
     finally:
         model.train(training)
-    head_out = torch.nn.functional.linear(hidden, head.weight, head.bias).float()
     ours = logit_transform(**options)(head_out)
     tolerance = 1e-4 if head.weight.dtype == torch.float32 else 2e-2  # (a half-precision model rounds its logits)
     if logits.shape != ours.shape:  # (a head of several outputs per position, say)
@@ -123,16 +140,71 @@ def fused_orpo_loss_for_batch(model, input_ids, attention_mask, labels, *, beta:
     """TRL's ORPO loss of a causal LM on a concatenated batch, through the decoder and the fused LM-head loss.
 
     ``model`` is a Hugging Face causal LM (``get_decoder()`` gives the transformer, whose last hidden state
-    is what the LM head reads; ``get_output_embeddings()`` the head). ``options``: the logit options as
-    ``check_head`` returns them (None: ``logit_options(model)``, not checked against the model's forward).
+    is what the LM head reads; ``get_output_embeddings()`` the head), or that model inside its training wrappers
+    (DistributedDataParallel, a DeepSpeed engine, a PEFT adapter; FSDP2 shards it in place). The call goes
+    through ``model(...)``, so that each wrapper gathers its parameters and reduces its gradients as for the
+    model's own forward (``install_fused_forward``). ``options``: the logit options as ``check_head`` returns
+    them (None: ``logit_options``, not checked against the model's forward).
     """
-    check_supported(model)
-    options = logit_options(model) if options is None else options
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    target, nll_target = orpo_targets(input_ids, attention_mask, labels)
-    return fused_linear_orpo_loss(hidden[:, :-1], head.weight, target, head.bias, beta=beta,
-                                  ignore_index=IGNORE_INDEX, nll_target=nll_target, chunk_size=chunk_size, **options)
+    causal = causal_lm_inside(model)
+    check_supported(causal)
+    install_fused_forward(causal)
+    options = logit_options(causal) if options is None else options
+    fields = model(input_ids, attention_mask=attention_mask, use_cache=False, orpo_labels=labels,
+                   orpo_loss_kwargs=dict(beta=beta, chunk_size=chunk_size, **options))
+    return ORPOOutput(**fields)
+
+
+def causal_lm_inside(model):
+    """The Hugging Face causal LM inside its wrappers: DistributedDataParallel and DeepSpeed's engine keep it as
+    ``.module``, PEFT behind ``get_base_model()``, ``torch.compile`` as ``_orig_mod``."""
+    while True:
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def install_fused_forward(model) -> None:
+    """Give a causal LM, once, a forward that returns the fused ORPO loss when called with ``orpo_labels``.
+
+    ``model(input_ids, attention_mask=..., orpo_labels=labels, orpo_loss_kwargs={...})`` runs the decoder, then
+    the LM head's module with the targets, whose forward returns the fields of ``fused_linear_orpo_loss``'s
+    ``ORPOOutput`` as a dict of tensors. Both are module calls, so the hooks of distributed wrappers run around
+    them: FSDP2 all-gathers the root's parameters (the head's among them) and DeepSpeed ZeRO-3 the head's, and
+    their backward hooks find the loss among the outputs. Without ``orpo_labels`` both forwards are the model's
+    own. The forwards are bound methods on the instances, so a deep copy of the model keeps its own."""
+    # (a mark of its own per module: a wrapper such as accelerate's autocast may wrap the forward itself, and
+    # resizing the vocabulary gives the model a new head)
+    for module, forward in ((model, _causal_lm_forward), (model.get_output_embeddings(), _head_forward)):
+        if "_orpo_forward" not in vars(module):
+            module.forward = module._orpo_forward = types.MethodType(forward, module)
+
+
+def _causal_lm_forward(self, *args, orpo_labels=None, orpo_loss_kwargs=None, **kwargs):
+    if orpo_labels is None:
+        return type(self).forward(self, *args, **kwargs)
+    input_ids = args[0] if args else kwargs.pop("input_ids")
+    attention_mask = kwargs.pop("attention_mask")
+    # (PEFT passes its unused arguments as None; the loss has no use for a cache or the model's own outputs)
+    kwargs = {k: v for k, v in kwargs.items() if v is not None and k not in ("use_cache", "return_dict")}
+    hidden = self.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                                **kwargs).last_hidden_state
+    target, nll_target = orpo_targets(input_ids, attention_mask, orpo_labels)
+    return self.get_output_embeddings()(hidden[:, :-1], orpo_target=target, orpo_nll_target=nll_target,
+                                        **orpo_loss_kwargs)
+
+
+def _head_forward(self, hidden, orpo_target=None, orpo_nll_target=None, **loss_kwargs):
+    if orpo_target is None:
+        return type(self).forward(self, hidden)
+    out = fused_linear_orpo_loss(hidden, self.weight, orpo_target, self.bias, ignore_index=IGNORE_INDEX,
+                                 nll_target=orpo_nll_target, **loss_kwargs)
+    return {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
 
 
 def trl_metrics(out: ORPOOutput) -> dict:

@@ -1,72 +1,21 @@
 """TRL's ORPOTrainer and a Hugging Face training loop, with the fused loss in place of the logits (CPU)."""
 
+import types
+
 import pytest
 import torch
 
 trl = pytest.importorskip("trl", reason="the trl extra: pip install -e .[trl]")
 transformers = pytest.importorskip("transformers")
-import datasets  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 
 import orpo_lib  # noqa: E402
 from orpo_lib import causal_lm  # noqa: E402
 from orpo_lib.causal_lm import check_head, fused_orpo_loss_for_batch, logit_options, orpo_targets  # noqa: E402
-from orpo_lib.trl import FusedORPOTrainer  # noqa: E402
-from trl.experimental.orpo import ORPOConfig, ORPOTrainer  # noqa: E402
+from orpo_lib.trl import FusedORPOTrainer, check_layout  # noqa: E402
+from accelerate.utils import DistributedType  # noqa: E402
+from trl.experimental.orpo import ORPOTrainer  # noqa: E402
 
-WORDS = [f"w{i}" for i in range(120)]
-
-
-def tokenizer():
-    """A word-level tokenizer made here (nothing downloaded)."""
-    vocab = {word: i for i, word in enumerate(["<pad>", "<s>", "</s>", "<unk>", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                                eos_token="</s>", unk_token="<unk>")
-
-
-def tiny_llama(seed=0, vocab=len(WORDS) + 4):
-    return tiny_model("llama", seed, vocab)
-
-
-# Tiny random models of the families whose heads change their logits, each with the option that does it set
-# so that it changes the loss (a random model's logits are small: Gemma-2's default cap of 30 would hardly bite).
-HEADS = {
-    "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig, {}),
-    "gemma2": (transformers.Gemma2ForCausalLM, transformers.Gemma2Config, dict(final_logit_softcapping=0.15,
-                                                                               head_dim=8)),
-    "granite": (transformers.GraniteForCausalLM, transformers.GraniteConfig, dict(logits_scaling=8.0)),
-    "cohere": (transformers.CohereForCausalLM, transformers.CohereConfig, dict(logit_scale=0.0625)),
-    "falcon_h1": (transformers.FalconH1ForCausalLM, transformers.FalconH1Config, dict(lm_head_multiplier=0.5)),
-}
-
-
-def tiny_model(kind, seed=0, vocab=len(WORDS) + 4):
-    model_cls, config_cls, options = HEADS[kind]
-    torch.manual_seed(seed)
-    config = config_cls(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, **options)
-    return model_cls(config).float()
-
-
-def preference_data(rows=8, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-
-    def text(low, high):
-        return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (int(torch.randint(low, high, (1,), generator=gen)),),
-                                                        generator=gen))
-    return datasets.Dataset.from_dict({"prompt": [text(2, 6) for _ in range(rows)],
-                                       "chosen": [text(2, 9) for _ in range(rows)],
-                                       "rejected": [text(2, 9) for _ in range(rows)]})
-
-
-def trainer(cls, model, tmp_path, steps=3):
-    args = ORPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=steps, learning_rate=1e-3,
-                      logging_steps=1, report_to=[], beta=0.25, max_length=24, use_cpu=True, bf16=False,
-                      save_strategy="no", seed=0, dataloader_num_workers=0)
-    return cls(model=model, args=args, train_dataset=preference_data(), processing_class=tokenizer())
+from tiny_hf import HEADS, WORDS, tiny_llama, tiny_model, trainer  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", HEADS)
@@ -201,11 +150,71 @@ def test_a_head_with_parameters_of_its_own_is_refused_when_the_trainer_is_built(
         trainer(FusedORPOTrainer, model, tmp_path)
 
 
-def test_several_processes_are_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
-    """Under data parallelism the unwrapped decoder's gradients would never be all-reduced: a clear error instead,
-    before any step."""
-    from accelerate import Accelerator
+def test_an_unchecked_process_layout_is_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
+    """Layouts whose training with the fused loss no test has checked: a clear error before any step."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
 
-    monkeypatch.setattr(Accelerator, "num_processes", property(lambda self: 2))
-    with pytest.raises(NotImplementedError, match="one process, not 2"):
+    built = AcceleratorState.__init__
+
+    def on_xla(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        self.distributed_type = DistributedType.XLA
+    monkeypatch.setattr(AcceleratorState, "__init__", on_xla)
+    with pytest.raises(NotImplementedError, match="DDP, FSDP2 or DeepSpeed ZeRO, not under XLA"):
         trainer(FusedORPOTrainer, tiny_llama(), tmp_path)
+
+
+def test_fsdp1_is_refused():
+    fsdp1 = types.SimpleNamespace(state=types.SimpleNamespace(distributed_type=DistributedType.FSDP,
+                                                              fsdp_plugin=types.SimpleNamespace(fsdp_version=1)))
+    with pytest.raises(NotImplementedError, match="FSDP2 .* not FSDP1"):
+        check_layout(fsdp1)
+
+
+def test_the_fused_forward_keeps_the_models_own_and_a_copy_keeps_its_own():
+    """Once taught the fused loss, the model's forward without labels is its own, bit for bit; a second install
+    changes nothing; a deep copy's forward runs the copy's weights, not the original's."""
+    import copy
+
+    model = tiny_llama()
+    ids = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    own = model(input_ids=ids, attention_mask=mask).logits
+    labels = ids.clone()
+    labels[:, :3] = -100
+    first = fused_orpo_loss_for_batch(model, ids, mask, labels, beta=0.1)
+    forward = model.forward
+    causal_lm.install_fused_forward(model)
+    assert model.forward == forward
+    assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, own)
+    assert torch.equal(model.lm_head(torch.ones(3, 32)), torch.nn.functional.linear(torch.ones(3, 32),
+                                                                                    model.lm_head.weight))
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(2)
+    assert not torch.equal(fused_orpo_loss_for_batch(twin, ids, mask, labels, beta=0.1).loss, first.loss)
+    assert torch.equal(fused_orpo_loss_for_batch(model, ids, mask, labels, beta=0.1).loss, first.loss)
+
+
+def test_the_loss_goes_through_the_wrapper_it_is_given():
+    """fused_orpo_loss_for_batch calls the model it is given (the trainer's wrapped model), not the model inside it:
+    a wrapper's forward sees the call."""
+    model = tiny_llama()
+    calls = []
+
+    class Wrapper(torch.nn.Module):  # (like DistributedDataParallel: the model is .module)
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args, **kwargs):
+            calls.append(sorted(kwargs))
+            return self.module(*args, **kwargs)
+    ids = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(3))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    wrapped = fused_orpo_loss_for_batch(Wrapper(model), ids, torch.ones_like(ids), labels, beta=0.1)
+    plain = fused_orpo_loss_for_batch(model, ids, torch.ones_like(ids), labels, beta=0.1)
+    assert calls == [["attention_mask", "orpo_labels", "orpo_loss_kwargs", "use_cache"]]
+    assert torch.equal(wrapped.loss, plain.loss)
