@@ -5,6 +5,8 @@ The loss (``orpo_lib`` itself) never imports this package; everything here impor
 * ``bench`` — the benchmark harness (``python -m orpo_lib.workbook.bench``): every provider interleaved on
   the same inputs, recorded as JSON with provenance in ``figures/data/``.
 * ``training_bench`` — end-to-end training steps of a small causal LM, fused against the baseline.
+* ``trl_bench`` — TRL's ``ORPOTrainer`` and ``FusedORPOTrainer`` trained side by side on models shaped like real
+  ones: step time, tokens/s, peak memory, the most pairs a step fits.
 * ``measurements`` — reading those records back: tables, ratios, captions.
 * ``memory`` — the analytic model of the bytes each implementation holds.
 * ``derivation`` — the numbers notebook 1 shows (gradients against float64, the stable log(1 - p)).

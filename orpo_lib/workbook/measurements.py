@@ -512,3 +512,20 @@ def busy_idle_rows(pattern: str, mode: str = "full", data_dir: str | Path | None
             captions.append(f"{scenario}: {record_caption(record)}")
             rows += [{"scenario": scenario, **row} for row in before_after_rows(record, mode)]
     return rows, captions
+
+
+def trl_training_rows(record: dict) -> list[dict]:
+    """Per (model, seq, pairs) of a ``trl-training-*.json`` record (``python -m orpo_lib.workbook.trl_bench``): stock
+    ORPOTrainer's and FusedORPOTrainer's median step and peak memory side by side, the fused trainer's speed-up in
+    tokens/s, and the largest batch of pairs each trained (None where a trainer did not fit the row)."""
+    by_key = {}
+    for r in record["rows"]:
+        row = by_key.setdefault((r["model"], r["seq"], r["pairs"]), {"model": r["model"], "seq": r["seq"],
+                                                                      "pairs": r["pairs"]})
+        row.update({f"{r['trainer']}_ms": r["median_step_ms"], f"{r['trainer']}_tokens_per_s": r["tokens_per_s"],
+                    f"{r['trainer']}_gib": r["peak_gib"], f"{r['trainer']}_max_pairs": r["max_pairs"]})
+    rows = list(by_key.values())
+    for row in rows:
+        stock, fused = row.get("stock_tokens_per_s"), row.get("fused_tokens_per_s")
+        row["fused_speedup"] = fused / stock if stock and fused else None
+    return rows

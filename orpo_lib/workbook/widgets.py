@@ -25,8 +25,8 @@ import torch
 
 from . import kernel_tour, memory, plots
 from .measurements import (H200_ANCHORS, NO_GPU_NOTEBOOKS_MESSAGE, NO_RECORD_MESSAGE, BenchRecord, batch_scaling_rows,
-                           beside_gpu_run, floor_mode, format_table, gpu_run_value, latest_bench_record, latest_shapes_record,
-                           record_caption, workload_rows)
+                           beside_gpu_run, floor_mode, format_table, gpu_run_value, latest_bench_record, latest_record,
+                           latest_shapes_record, provenance_caption, record_caption, trl_training_rows, workload_rows)
 
 HEADLESS_ENV = "ORPO_WORKBOOK_HEADLESS"
 POWERS_OF_TWO = [2**k for k in range(1, 8)]
@@ -296,6 +296,24 @@ def show_workload_record(preset: str, modes: tuple[str, ...] = ("full",), output
     if len({r["seq"] for r in rows}) > 1:
         plots.show_figure(plots.sequence_scaling(rows, record, WORKLOAD_PROVIDERS), output_dir, f"workloads-{preset}")
     return {"record": record.source, "rows": rows}
+
+
+def show_trl_training(data_dir=None) -> dict:
+    """The newest end-to-end record of TRL training steps (``python -m orpo_lib.workbook.trl_bench``): stock
+    ORPOTrainer and FusedORPOTrainer per model, sequence length and pairs per step."""
+    record = latest_record("trl-training-*.json", data_dir)
+    if record is None:
+        print("No trl-training-*.json record in figures/data.")
+        return {"record": None, "rows": []}
+    rows = trl_training_rows(record)
+    print(f"TRL training steps: {provenance_caption(record['provenance'], record['source'])}")
+    print("ms: median optimizer step; speed-up: fused tokens/s over stock; gib: peak allocated; max_pairs: the "
+          "largest batch of pairs that trained a step")
+    columns = ["model", "seq", "pairs", "stock_ms", "fused_ms", "fused_speedup", "stock_gib", "fused_gib",
+               "stock_max_pairs", "fused_max_pairs"]
+    print(format_table(rows, columns, {"stock_ms": ".1f", "fused_ms": ".1f", "fused_speedup": ".2f",
+                                       "stock_gib": ".1f", "fused_gib": ".1f"}))
+    return {"record": record["source"], "rows": rows}
 
 
 def show_beside_gpu_run(stem: str, name: str, recorded: list[dict], recorded_caption: str, keys: list[str], values: list[str],

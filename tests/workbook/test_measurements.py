@@ -56,3 +56,16 @@ def test_small_call_table():
                                                        result("fused", "idle", 2.2), result("fused", "busy", 2.0)]}
     assert measurements.small_call_rows(record) == [
         {"gpu": "G", "shape": "2x4", "fused_idle": pytest.approx(1.1), "fused_busy": pytest.approx(1.25)}]
+
+
+def test_trl_training_rows_put_the_two_trainers_side_by_side():
+    def row(trainer, pairs, ms, tokens, gib, max_pairs):
+        return dict(model="m", seq=1024, pairs=pairs, trainer=trainer, median_step_ms=ms, tokens_per_s=tokens,
+                    peak_gib=gib, max_pairs=max_pairs)
+    record = {"rows": [row("stock", 2, 100.0, 4000.0, 30.0, 8), row("fused", 2, 80.0, 5000.0, 20.0, 16),
+                       row("stock", 4, None, None, None, 8), row("fused", 4, 150.0, 5500.0, 25.0, 16)]}
+    two, four = measurements.trl_training_rows(record)
+    assert (two["pairs"], two["stock_ms"], two["fused_ms"], two["fused_gib"]) == (2, 100.0, 80.0, 20.0)
+    assert two["fused_speedup"] == pytest.approx(1.25)
+    assert (two["stock_max_pairs"], two["fused_max_pairs"]) == (8, 16)
+    assert four["fused_speedup"] is None  # stock did not fit that row
