@@ -4,7 +4,6 @@ The loss (``orpo_lib`` itself) never imports this package; everything here impor
 
 * ``bench`` — the benchmark harness (``python -m orpo_lib.workbook.bench``): every provider interleaved on
   the same inputs, recorded as JSON with provenance in ``figures/data/``.
-* ``training_bench`` — end-to-end training steps of a small causal LM, fused against the baseline.
 * ``trl_bench`` — TRL's ``ORPOTrainer`` and ``FusedORPOTrainer`` trained side by side on models shaped like real
   ones: step time, tokens/s, peak memory, the most pairs a step fits.
 * ``measurements`` — reading those records back: tables, ratios, captions.
