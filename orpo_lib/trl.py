@@ -12,8 +12,8 @@ from .causal_lm import causal_lm_inside, check_head, fused_orpo_loss_for_batch, 
 
 class FusedORPOTrainer(ORPOTrainer):
     """``ORPOTrainer`` whose loss is ``fused_orpo_loss_for_batch``: the same loss, gradients and logged metrics,
-    without the (B, T, V) logits. Decoder-only models; one process, DDP, FSDP2 or DeepSpeed ZeRO (1-3), with or
-    without a PEFT adapter.
+    without the (B, T, V) logits. Decoder-only models; one process, DDP, FSDP2 or DeepSpeed ZeRO (stages 2 and 3
+    tested), with or without a PEFT adapter.
 
     The loss is computed inside the model's forward (``causal_lm.install_fused_forward``), called through the
     trainer's wrapped model, so the distributed wrappers gather parameters and reduce gradients as they do for

@@ -1,7 +1,7 @@
 """FusedORPOTrainer in the process layouts TRL users train in, against stock ORPOTrainer in the same layout.
 
 Two gloo processes on the CPU (``trainer_layout_run.py`` under torchrun) train each trainer from the same
-seeded tiny Llama on the same global batch, with DDP, FSDP2 and DeepSpeed ZeRO-3, plain and with a LoRA adapter
+seeded tiny Llama on the same global batch, with DDP, FSDP2 and DeepSpeed ZeRO-2 and ZeRO-3, plain and with a LoRA adapter
 and two steps of gradient accumulation: the logged losses, gradient norms and the 11 metrics of every step, and
 every parameter after three steps, gathered whole, agree. Each run also shows that its layout was real (the
 wrapper, sharded or partitioned parameters). Calling the decoder outside the wrapper, as the trainer did in one
@@ -28,6 +28,7 @@ METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/
 LAYOUT_SHOWN = {
     "ddp": lambda shown: shown["wrapper"] == "DistributedDataParallel",
     "fsdp2": lambda shown: shown["dtensor_params"] == shown["params"],
+    "zero2": lambda shown: shown["wrapper"] == "DeepSpeedEngine" and shown["partitioned_params"] == 0,
     "zero3": lambda shown: shown["wrapper"] == "DeepSpeedEngine" and shown["partitioned_params"] == shown["params"],
 }
 

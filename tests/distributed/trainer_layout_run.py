@@ -1,6 +1,6 @@
 """One process of a two-process training run (``torchrun --nproc_per_node 2 trainer_layout_run.py LAYOUT OUT``):
 stock ORPOTrainer and FusedORPOTrainer, each trained from the same seeded model on the same data in LAYOUT
-(ddp, fsdp2 or zero3), plain and with a LoRA adapter and gradient accumulation. Rank 0 saves, per run, the logged
+(ddp, fsdp2, zero2 or zero3), plain and with a LoRA adapter and gradient accumulation. Rank 0 saves, per run, the logged
 steps, what shows the layout was real, and the parameters after training, gathered whole."""
 
 import json
@@ -33,10 +33,14 @@ def _fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs):
 
 AcceleratorState.__init__ = _fsdp_on_cpu
 
-ZERO3 = {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
-         "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
-         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
-LAYOUTS = {"ddp": {}, "fsdp2": dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2}), "zero3": dict(deepspeed=ZERO3)}
+def zero(stage):
+    return {"zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True},
+            "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
+
+
+LAYOUTS = {"ddp": {}, "fsdp2": dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2}),
+           "zero2": dict(deepspeed=zero(2)), "zero3": dict(deepspeed=zero(3))}
 CASES = {"plain": dict(accumulation=1, adapter=None),
          "lora-accumulation": dict(accumulation=2, adapter=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
                                                                           target_modules=["q_proj", "v_proj"]))}
