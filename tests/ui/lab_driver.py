@@ -557,6 +557,16 @@ class NotebookPage:
         images = cell.locator(".widget-output img")
         return [images.nth(i).get_attribute("src") for i in range(images.count())]
 
+    def redrawn_images(self, description: str, before: list[str], timeout_s: float = 15.0) -> list[str]:
+        """``output_images`` once they differ from ``before``, or as they are after ``timeout_s``: the browser
+        may put a redrawn figure in place a moment after the kernel is idle."""
+        deadline = time.monotonic() + timeout_s
+        images = self.output_images(description)
+        while images == before and time.monotonic() < deadline:
+            time.sleep(0.25)
+            images = self.output_images(description)
+        return images
+
     def cell_index(self, description: str) -> int:
         """Index, among the code cells, of the cell that holds the widget ``description``."""
         return self.widget(description).evaluate(

@@ -121,7 +121,7 @@ def check_memory_explorer(notebook):
         notebook.wait_for_output_change(MEMORY_CONTROLS[key], text)
         before, text = text, check_memory_view(notebook, shape, chunk_rows)
         assert text != before
-        before, figures = figures, notebook.output_images(MEMORY_CONTROLS[key])
+        before, figures = figures, notebook.redrawn_images(MEMORY_CONTROLS[key], figures)
         assert len(figures) == 1 and figures != before, f"figure not redrawn for {key}={new}"
 
 
@@ -194,7 +194,7 @@ def check_batch_scaling_explorer(notebook):
         notebook.wait_for_output_change(SCALING_CONTROLS["batch"], text)
         before, text = text, check_scaling_view(notebook, shape, mode)
         assert text != before
-        before, figures = figures, notebook.output_images(SCALING_CONTROLS["batch"])
+        before, figures = figures, notebook.redrawn_images(SCALING_CONTROLS["batch"], figures)
         assert len(figures) == 1 and figures != before, f"figure not redrawn for {key}={value}"
     cell = notebook.cell_index(SCALING_CONTROLS["batch"])
     assert [f for f in notebook.figures() if f["cell"] == cell and f["width"] > 50]
@@ -230,5 +230,5 @@ def check_chunk_plan_explorer(notebook):
         notebook.wait_for_output_change(PLAN_CONTROLS["batch"], text)
         before, text = text, check_plan_view(notebook, shape)
         assert text != before
-        before, figures = figures, notebook.output_images(PLAN_CONTROLS["batch"])
+        before, figures = figures, notebook.redrawn_images(PLAN_CONTROLS["batch"], figures)
         assert len(figures) == 1 and figures != before, f"drawing not redrawn for {key}={value}"
