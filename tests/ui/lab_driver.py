@@ -557,9 +557,10 @@ class NotebookPage:
         images = cell.locator(".widget-output img")
         return [images.nth(i).get_attribute("src") for i in range(images.count())]
 
-    def redrawn_images(self, description: str, before: list[str], timeout_s: float = 15.0) -> list[str]:
-        """``output_images`` once they differ from ``before``, or as they are after ``timeout_s``: the browser
-        may put a redrawn figure in place a moment after the kernel is idle."""
+    def redrawn_images(self, description: str, before: list[str], timeout_s: float = 60.0) -> list[str]:
+        """``output_images`` once they differ from ``before``, or as they are after ``timeout_s``: the figure
+        is the view's last output, and under load it reaches the page well after the printed text (15 s
+        was once not enough on a 2-core machine)."""
         deadline = time.monotonic() + timeout_s
         images = self.output_images(description)
         while images == before and time.monotonic() < deadline:
