@@ -24,13 +24,14 @@ test: $(STAMP)  ## run the test suite (CPU: Triton kernels through the interpret
 notebooks: $(STAMP)  ## execute every notebook headless into build/notebooks and write the figures
 	$(PY) -m orpo_lib.workbook.notebooks --out build/notebooks
 
-report: notebooks  ## execute the notebooks and write each as a self-contained HTML page, with an index, to build/report
+report: $(STAMP)  ## execute the notebooks whose copy in build/notebooks is out of date, then write each as a self-contained HTML page, with an index, to build/report
+	$(PY) -m orpo_lib.workbook.notebooks --out build/notebooks --reuse-newer
 	$(PY) -m orpo_lib.workbook.report --notebooks build/notebooks --out build/report
 
 figures: $(STAMP)  ## rebuild figures/ from the measured data in figures/data (no GPU needed)
 	$(PY) -m orpo_lib.workbook.figures
 
-bench: $(STAMP)  ## benchmark floor / baseline / fused (/ liger) and record to figures/data
+bench: $(STAMP)  ## benchmark floor / baseline / fused (/ liger) into build/ (the workbook's records: python -m orpo_lib.workbook.records)
 	$(PY) -m orpo_lib.workbook.bench
 
 lab: $(STAMP)  ## open the workbook in JupyterLab (kernel python3 from .venv; no GPU: Triton interpreter)

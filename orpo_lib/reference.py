@@ -33,7 +33,9 @@ def orpo_loss_reference(hidden, weight, target, bias=None, *, beta=0.1, ignore_i
     seq_logps = logps.sum(1) / valid.sum(1)
     chosen, rejected = seq_logps[:pairs], seq_logps[pairs:]
 
-    def log1mexp(x):  # log(1 - e^x), x < 0
+    # log(1 - e^x) for x < 0: pairs.log1mexp written again, because this is what the tests hold the baseline
+    # (which uses pairs.py) and the kernels to
+    def log1mexp(x):
         return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
     log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))

@@ -27,7 +27,7 @@ import torch
 # as many more multiples of it as CHUNK_LOGITS_BYTES of logits hold (4096 rows at V = 128K in bf16, 16384 at
 # V = 32000): fewer chunks add less to the float32 dW sum and queue fewer launches. On an H100 at 8×2048,
 # V = 32000, one block of 16384 rows took 1.27 against 1.50× the floor at H = 1024 and 1.09 against 1.18× at
-# H = 4096 (ab-chunk-rows-2026-12-06-h100-f6664a4-busy.json). A pair longer than this gets a chunk of its own.
+# H = 4096 (chunk-rows-ab-h100.json). A pair longer than this gets a chunk of its own.
 DEFAULT_CHUNK_ROWS = 4096
 CHUNK_LOGITS_BYTES = 1 << 30
 # The most bytes of logits the automatic choice lets exist at once.
@@ -44,8 +44,8 @@ def logits_row_columns(vocab: int) -> int:
     starts on a 16-byte boundary in a way Triton can see (it specialises an integer argument divisible by 16, and
     only then proves a row's address aligned for 16-byte loads); cuBLAS needs 16 bytes too. At an odd vocabulary
     (GPT-2's 50257; 32001, a Llama's 32000 plus a pad token) rows packed back to back are not: on an H100 the
-    statistics kernel then took 0.69 against 0.30 ms over 8192 rows of 50257 (aligned-rows-2026-12-06-h100-2ac8dd8.json),
-    and cuBLAS is slower still (``chunked.gemm_head``)."""
+    statistics kernel then took 0.69 against 0.30 ms over 8192 rows of 50257 (odd-vocab-steps-h100.json),
+    and cuBLAS is slower still (``chunked.gemms.gemm_head``)."""
     return -(-vocab // 16) * 16
 
 
@@ -200,7 +200,7 @@ def accumulator_rows(hidden_size: int, itemsize: int, fp32_weight_grad: bool) ->
 
 # A single block's first rows go through the logits GEMM before the label counts are read back, so that the
 # GPU is busy while the host reads them and plans the call (from the read-back to the next GEMM's launch the
-# host took 0.26 ms on an H100 machine, small-call-stalls-2026-12-06-h100-969a28b-v2.json): about 0.4 ms of
+# host took 0.26 ms on an H100 machine, small-call-stalls-h100.json): about 0.4 ms of
 # GEMM at 600 TFLOP/s, in whole 256-row tiles.
 EARLY_GEMM_FLOPS = 240 * 10**9
 
@@ -216,7 +216,7 @@ def overlaps_read_backs(tokens: int, hidden_size: int, vocab: int) -> bool:
     """Whether a single block of ``tokens`` rows queues GEMM work ahead of its two read-backs (the early rows'
     logits, backward's dX GEMM): only where its logits GEMM is longer than the early rows'. A smaller call is
     bound by the host, whose work the overlap adds to: 2×1024 at H=1024, V=32000 (0.55 ms of GEMMs) ran 4-8 %
-    slower with it (ab-busy-gpu-2026-12-06-h100-4747545.json)."""
+    slower with it (early-gemm-ab-h100.json)."""
     return tokens > early_rows(hidden_size, vocab)
 
 
@@ -237,15 +237,15 @@ def single_block(batch: int, seq: int, hidden_size: int, vocab: int, itemsize: i
 
 
 # Where a no-grad call takes its row statistics from the Gluon statistics GEMM. Measured on the H200 against
-# cuBLAS's logits GEMM + row_stats, per block (figures/data/stats-gemm-2026-12-04-h200.json): faster at
+# cuBLAS's logits GEMM + row_stats, per block (figures/data/stats-gemm-variants-h200.json): faster at
 # V ≥ 128256 for H from 1024 to 4096 (by 0.4-8 % of the logits GEMM), level at V = 32000 and H = 4096,
 # slower at V = 32000 and H = 1024 (a tile then holds a row's target so often that the epilogue falls
-# behind). Whole eval calls (eval-2026-12-04-h200-b0f1398-stats-gemm.json): the peak over the inputs drops
+# behind). Whole eval calls (stats-gemm-eval-h200.json): the peak over the inputs drops
 # from 1-2 GiB to under 0.1 GiB; the time goes from 1.25 to 1.19-1.22 × the logits GEMM at H = 1024 and
 # V ≥ 151936, is within ±6 % at H = 4096 and 8192 rows or more, and is 8 % worse at 2×1024 (2048 rows).
 # On an H100 the same whole calls took 6-17 % longer than the buffer path at five shapes, in two runs
-# (eval-paths-2026-12-06-h100-df7412b.json; the kernel alone 1.10-1.38 × cuBLAS's logits GEMM there,
-# stats-stages-2026-12-06-h100-df7412b.json): the GPUs named here are the ones where it measured faster or level.
+# (stats-gemm-eval-h100.json; the kernel alone 1.10-1.38 × cuBLAS's logits GEMM there,
+# stats-gemm-stages-h100.json): the GPUs named here are the ones where it measured faster or level.
 STATS_GEMM_MIN_VOCAB = 65536
 STATS_GEMM_MIN_ROWS = 8192
 STATS_GEMM_GPUS = ("H200",)  # a word of torch.cuda.get_device_name

@@ -27,7 +27,9 @@ rounded to within an ulp of the log-sum-exp rather than computed as −log1p(oth
 import torch
 import torch.distributed as dist
 
-from . import chunked, schedule
+from . import schedule
+from .chunked import backward, dropped, gemms, planning, steps
+from .chunked.steps import Block, GradSums, TokenStats
 from .logit_transform import logit_transform
 from .output import ORPOOutput, output_from_metrics
 from .validation import check_arguments, check_options, count_tokens, on_device
@@ -67,7 +69,7 @@ def _local_ids(ids, start: int, rows: int, elsewhere: int):
     return torch.where(ids >= 0, local, -1).to(torch.int32).view(-1)
 
 
-def _combine_row_stats(stats: chunked.TokenStats, target_local, nll_local, has_target, has_nll, group) -> None:
+def _combine_row_stats(stats: TokenStats, target_local, nll_local, has_target, has_nll, group) -> None:
     """Overwrite each rank's per-shard row statistics with the global ones."""
     lse_local = stats.lse.clone()
     row_max = torch.stack(_gathered(lse_local, group)).amax(0)
@@ -92,46 +94,46 @@ def _forward(hidden, weight, target, nll_target, group, beta, ignore_index, comp
     target_local, nll_local = _local_ids(target_ids, start, shard, -1), _local_ids(nll_ids, start, shard, -1)
     # (the gradient pass: a token counts on every rank, whichever shard holds its column)
     target_grad_ids, nll_grad_ids = _local_ids(target_ids, start, shard, shard), _local_ids(nll_ids, start, shard, shard)
-    stats = chunked.new_token_stats(batch, seq, chunked.stats_dtype(hidden.dtype), hidden.device)
+    stats = steps.new_token_stats(batch, seq, planning.stats_dtype(hidden.dtype), hidden.device)
     # The rows some target needs, in token order (a token neither target counts is left out of every GEMM, but
     # for a cap: its logit sum then needs its logits, and it goes through the GEMMs with no target).
-    dropped = sum(counts.kept_per_seq) < tokens and transform.linear
-    row_tokens = (counts.kept_mask.view(-1).nonzero().squeeze(1) if dropped
+    any_dropped = sum(counts.kept_per_seq) < tokens and transform.linear
+    row_tokens = (counts.kept_mask.view(-1).nonzero().squeeze(1) if any_dropped
                   else torch.arange(tokens, device=hidden.device))
     kept, rows = len(row_tokens), chunk_size or schedule.DEFAULT_CHUNK_ROWS
     spans = [(r, min(r + rows, kept)) for r in range(0, kept, rows)]
-    buffer = chunked.new_logits_buffer(spans[0][1] - spans[0][0], shard, hidden)
-    flat = None if dropped else chunked.hidden_rows(hidden)  # hidden's rows in place, where its strides allow
+    buffer = gemms.new_logits_buffer(spans[0][1] - spans[0][0], shard, hidden)
+    flat = None if any_dropped else planning.hidden_rows(hidden)  # hidden's rows in place, where its strides allow
 
     def block(span, target, nll_target, logits_ready=False):
         tokens_here = row_tokens[span[0]:span[1]]
-        x = chunked.gather_rows(hidden, tokens_here) if flat is None else flat[span[0]:span[1]]
+        x = planning.gather_rows(hidden, tokens_here) if flat is None else flat[span[0]:span[1]]
         logits = buffer[: span[1] - span[0]]
         if not logits_ready:
             torch.mm(x, weight.t(), out=logits)
-        return chunked.Block(span, tokens_here, x, logits, target[tokens_here], nll_target[tokens_here])
+        return Block(span, tokens_here, x, logits, target[tokens_here], nll_target[tokens_here])
 
     for span in spans:
-        chunked.row_stats(block(span, target_local, nll_local), stats, transform)
+        steps.row_stats(block(span, target_local, nll_local), stats, transform)
     _combine_row_stats(stats, target_local, nll_local, target_ids >= 0, nll_ids >= 0, group)
-    chunked.pair_terms(stats, counts, 0, batch // 2, seq, beta)
-    dx = (hidden.new_zeros if dropped else hidden.new_empty)(tokens, size) if grad_hidden else None
-    dw = weight.new_zeros(weight.shape, dtype=chunked.dw_sum_dtype(weight.dtype, True)) if grad_weight else None
+    steps.pair_terms(stats, counts, 0, batch // 2, seq, beta)
+    dx = (hidden.new_zeros if any_dropped else hidden.new_empty)(tokens, size) if grad_hidden else None
+    dw = weight.new_zeros(weight.shape, dtype=planning.dw_sum_dtype(weight.dtype, True)) if grad_weight else None
     if grad_hidden or grad_weight:
         # last chunk first: its logits are still in the buffer, the others are computed again
         for span in reversed(spans):
             b = block(span, target_grad_ids, nll_grad_ids, logits_ready=span == spans[-1])
-            chunked.row_grads(b, stats, max(counts.nll_tokens, 1), seq, transform)
+            steps.row_grads(b, stats, max(counts.nll_tokens, 1), seq, transform)
             if grad_hidden:  # the chunk's dX rows in float32, summed over the ranks, rounded once
-                partial = chunked.mm_into(b.x.new_empty(b.x.shape, dtype=stats.lse.dtype), b.logits, weight)
+                partial = gemms.mm_into(b.x.new_empty(b.x.shape, dtype=stats.lse.dtype), b.logits, weight)
                 dx.index_copy_(0, b.tokens, _rank_order_sum(partial, group).to(dx.dtype))
             if grad_weight:
-                chunked.accumulate_mm(dw, b.logits.t(), b.x)
+                gemms.accumulate_mm(dw, b.logits.t(), b.x)
     dx = dx.view(hidden.shape) if grad_hidden else None
     dropped_sums = None
-    if dropped:  # the dropped rows' logits of this shard, summed without computing them
-        dropped_sums = _rank_order_sum(chunked.dropped_logit_sums(hidden, weight, None, counts, transform), group)
-    loss, metrics = chunked.call_terms(stats, counts, dropped_sums, vocab, beta, compute_nll_loss)
+    if any_dropped:  # the dropped rows' logits of this shard, summed without computing them
+        dropped_sums = _rank_order_sum(dropped.dropped_logit_sums(hidden, weight, None, counts, transform), group)
+    loss, metrics = steps.call_terms(stats, counts, dropped_sums, vocab, beta, compute_nll_loss)
     return (loss, metrics, stats.seq_logp), dx, dw
 
 
@@ -150,10 +152,10 @@ class _VocabParallelORPO(torch.autograd.Function):
     def backward(ctx, grad_loss, *_metrics):
         dx, dw = ctx.saved_tensors
         shape, vocab, weight_dtype = ctx.shapes_and_dtype
-        sums = chunked.GradSums(dx, None, None if dw is None else dw.dtype, dw)
+        sums = GradSums(dx, None, None if dw is None else dw.dtype, dw)
         with on_device(grad_loss.device):
-            grad_hidden, grad_weight, _ = chunked.backward_from_sums(grad_loss.to(chunked.stats_dtype(weight_dtype)),
-                                                                     sums, shape, vocab, weight_dtype)
+            grad_hidden, grad_weight, _ = backward.backward_from_sums(grad_loss.to(planning.stats_dtype(weight_dtype)),
+                                                                      sums, shape, vocab, weight_dtype)
         return grad_hidden, grad_weight, None, None, None
 
 

@@ -68,13 +68,13 @@ def with_trl_labels(problem, prompt_rows, padding, seed=0):
 
 def plan_of(problem, chunk_size=None, *, compute_nll_loss=True, fp32_weight_grad=True):
     """The chunk plan the fused loss makes for ``problem`` with every gradient."""
-    from orpo_lib import chunked
+    from orpo_lib.chunked import planning
     from orpo_lib.validation import count_tokens
 
     counts = count_tokens(problem["target"], problem["nll_target"], problem["weight"].shape[0], -100, compute_nll_loss)
-    opts = chunked.Options(0.1, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden=True, grad_weight=True,
+    opts = planning.Options(0.1, compute_nll_loss, chunk_size, fp32_weight_grad, grad_hidden=True, grad_weight=True,
                            grad_bias=problem["bias"] is not None, single_block=False)
-    return chunked.make_plan(problem["hidden"], problem["weight"].shape[0], counts, opts)
+    return planning.make_plan(problem["hidden"], problem["weight"].shape[0], counts, opts)
 
 
 def split_passes(plan):

@@ -19,9 +19,10 @@
 
 ``numerics`` holds the precise device math they share, ``row_layout`` how a row kernel addresses a chunk,
 ``offline_compile`` how the CPU tests compile a Gluon kernel for sm_90a without a GPU.
-Two Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_gemm``, a
-warp-specialised C = A·Bᵀ; and ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue,
-which calls without gradients use on an H200 (``schedule.statistics_in_gemm``).
+The Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_pipeline``, the
+warp-specialised pipeline (TMA producer, MMA warpgroups) the two kernels share; ``gluon_gemm``, a plain
+C = A·Bᵀ on it; and ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue, which calls
+without gradients use on an H200 (``schedule.statistics_in_gemm``).
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 

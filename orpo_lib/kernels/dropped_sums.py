@@ -1,7 +1,7 @@
 """Dropped rows' sums: per half of the batch (chosen, rejected), the float32 sum of the rows of hidden whose
 tokens no target needs. Their logits are needed only in their sum over the vocabulary (the logit-mean
-metrics), which is linear in the row: the sum row stands for them all (``chunked``'s dropped-token logit
-sums). One launch where a masked product took some seven small torch ops.
+metrics), which is linear in the row: the sum row stands for them all (``chunked.dropped``). One launch, where a
+masked product in torch is some seven small ops.
 """
 
 from .. import _triton_mode  # noqa: F401 (decides compile vs interpret before @triton.jit runs)

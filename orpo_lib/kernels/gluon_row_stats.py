@@ -1,6 +1,6 @@
 """The row statistics inside the logits GEMM (Gluon, Hopper): X·Wᵀ whose epilogue reduces each tile.
 
-``gluon_gemm``'s warp-specialised GEMM (a TMA producer warp filling a ring of X and W tiles) with two MMA
+``gluon_pipeline``'s warp-specialised GEMM (a TMA producer warp filling a ring of X and W tiles) with two MMA
 warpgroups that take turns at the K loop, each handing its finished 128×128 tile over in shared memory,
 and an epilogue partition that reads the tile back, one row per thread, rounded to the inputs' dtype as
 a stored logits buffer would be, and reduces each row to partial statistics while the MMAs go on. Per
@@ -14,8 +14,8 @@ a stored logits buffer would be, and reduces each row to partial statistics whil
 A tile that holds no row's target and no column past the vocabulary (most of them) is reduced without a
 single comparison. ``fold_row_stats`` (``row_stats.fold_row_stats_kernel``, plain Triton) combines a row's
 partials into exactly what ``row_stats_kernel`` writes: log-sum-exp, the two log-probs and the logit sum
-at the row's token index. With ``logits`` given, the epilogue also TMA-stores the tile there (what the
-training path would need; it does not use it yet).
+at the row's token index. With ``logits`` given, the epilogue also TMA-stores the tile there (the loss passes
+none: a call with gradients keeps the logits buffer and the row kernels).
 
 Partials cost 12 bytes per row and column tile (0.1 bytes per logit against 2 for a bf16 logits
 buffer), so a call without gradients needs no logits buffer. Where it is used: ``schedule.statistics_in_gemm``.
@@ -25,11 +25,15 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from . import gluon_gemm
-from .gluon_gemm import _alloc_barriers, _alloc_ring, _load_partition, _mma_to_smem_partition, _tile_coords
+from .gluon_pipeline import (TORCH_TO_GL, alloc_barriers, alloc_ring, check_operand, check_operand_pair,
+                             check_tma_shapes, load_partition, mma_to_smem_partition, num_sms, tile_coords)
 from .offline_compile import compile_kernel
 from .row_stats import fold_row_stats
+
+__all__ = ["BLOCK_N", "check_supported", "compile_for_target", "logits_row_stats", "logits_row_stats_kernel",
+           "new_partials"]
 
 LOG2E = gl.constexpr(1.4426950408889634)  # exp(x) = exp2(x·log2 e), which is what the hardware has
 
@@ -106,7 +110,7 @@ def _row_stats_partition(c_bufs, c_ready_bars, c_empty_bars, logits_desc, target
     num_tiles = num_pid_m * num_pid_n
     t = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
@@ -148,12 +152,12 @@ def logits_row_stats_kernel(a_desc, b_desc, logits_desc, target_ptr, nll_target_
                             LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    a_bufs, b_bufs, ready_bars, empty_bars = _alloc_ring(a_desc, b_desc, STAGES)
+    a_bufs, b_bufs, ready_bars, empty_bars = alloc_ring(a_desc, b_desc, STAGES)
     # a tile buffer per MMA warpgroup, in the inputs' dtype, with its ready and empty barriers
     c_bufs = gl.allocate_shared_memory(a_desc.dtype, [2, BLOCK_M, BLOCK_N], C_LAYOUT)
-    c_ready_bars = _alloc_barriers(2)
-    c_empty_bars = _alloc_barriers(2)
-    turn_bars = _alloc_barriers(2)  # the MMA warpgroups' K loops take turns
+    c_ready_bars = alloc_barriers(2)
+    c_empty_bars = alloc_barriers(2)
+    turn_bars = alloc_barriers(2)  # the MMA warpgroups' K loops take turns
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -163,12 +167,12 @@ def logits_row_stats_kernel(a_desc, b_desc, logits_desc, target_ptr, nll_target_
         (_row_stats_partition, (c_bufs, c_ready_bars, c_empty_bars, logits_desc, target_ptr, nll_target_ptr,
                                 partial_ptr, target_logit_ptr, nll_logit_ptr, M, N, num_pid_m, num_pid_n,
                                 GROUP_M, SLICE_N)),
-        (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
-                                  turn_bars, num_pid_m, num_pid_n, k_tiles, 0)),
-        (_mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
-                                  turn_bars, num_pid_m, num_pid_n, k_tiles, 1)),
-        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n,
-                           k_tiles, GROUP_M)),
+        (mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
+                                 turn_bars, num_pid_m, num_pid_n, k_tiles, 0)),
+        (mma_to_smem_partition, (a_bufs, b_bufs, c_bufs, ready_bars, empty_bars, c_ready_bars, c_empty_bars,
+                                 turn_bars, num_pid_m, num_pid_n, k_tiles, 1)),
+        (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, num_pid_m, num_pid_n,
+                          k_tiles, GROUP_M)),
     ], [4, 4, 1], [MMA_REGS, MMA_REGS, LOAD_REGS])
 
 
@@ -176,7 +180,7 @@ def logits_row_stats_kernel(a_desc, b_desc, logits_desc, target_ptr, nll_target_
 # Host side
 # --------------------------------------------------------------------------------------------------
 
-# Measured on the H200 (figures/data/stats-gemm-2026-12-04-h200.json): two MMA warpgroups beat one at six
+# Measured on the H200 (figures/data/stats-gemm-variants-h200.json): two MMA warpgroups beat one at six
 # of seven shapes, by up to 7 % of the logits GEMM (0.9 % behind at 16384×4096×128256); slices of 16 columns
 # and of 8 are within noise (of 32, registers spill); sending every tile through the checked loop costs 1-8 %.
 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, SLICE_N = 128, 128, 64, 4, 8, 16
@@ -184,27 +188,27 @@ BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, SLICE_N = 128, 128, 64, 4, 8, 16
 
 def check_supported(x, weight, logits=None) -> None:
     """Raise ValueError unless this kernel can take these operands (dtype, shapes, TMA alignment)."""
-    gluon_gemm.check_operand_pair("logits_row_stats", "x", x, "(M, H)", "weight", weight, "(V, H)")
+    check_operand_pair("logits_row_stats", "x", x, "(M, H)", "weight", weight, "(V, H)")
     # Only a stored logits buffer has rows of V elements, which TMA needs 16-byte aligned; the partials do not.
-    gluon_gemm.check_supported(x.shape[0], weight.shape[0] if logits is not None else 8, x.shape[1], x.dtype, x.dtype)
-    gluon_gemm._check_operand("x", x)
-    gluon_gemm._check_operand("weight", weight)
+    check_tma_shapes("logits_row_stats", x.shape[0], weight.shape[0] if logits is not None else 8, x.shape[1], x.dtype,
+                     x.dtype)
+    check_operand("logits_row_stats", "x", x)
+    check_operand("logits_row_stats", "weight", weight)
     if logits is not None:
         if tuple(logits.shape) != (x.shape[0], weight.shape[0]) or logits.dtype != x.dtype:
             raise ValueError(f"logits_row_stats: logits must be {(x.shape[0], weight.shape[0])} {x.dtype}, got "
                              f"{tuple(logits.shape)} {logits.dtype}")
-        gluon_gemm._check_operand("logits", logits)
+        check_operand("logits_row_stats", "logits", logits)
 
 
 def _launch_plan(x, weight, logits, target, nll_target, partials, target_logit, nll_logit, programs):
-    in_gl = gluon_gemm._TORCH_TO_GL[x.dtype]
+    in_gl = TORCH_TO_GL[x.dtype]
     c_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], in_gl)
-    a_desc = gluon_gemm.TensorDescriptor.from_tensor(
+    a_desc = TensorDescriptor.from_tensor(
         x, [BLOCK_M, BLOCK_K], gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], in_gl))
-    b_desc = gluon_gemm.TensorDescriptor.from_tensor(
+    b_desc = TensorDescriptor.from_tensor(
         weight, [BLOCK_N, BLOCK_K], gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], in_gl))
-    logits_desc = None if logits is None else gluon_gemm.TensorDescriptor.from_tensor(logits, [BLOCK_M, BLOCK_N],
-                                                                                       c_layout)
+    logits_desc = None if logits is None else TensorDescriptor.from_tensor(logits, [BLOCK_M, BLOCK_N], c_layout)
     M, K = x.shape
     N = weight.shape[0]
     tiles = -(-M // BLOCK_M) * -(-N // BLOCK_N)
@@ -232,8 +236,7 @@ def logits_row_stats(x, weight, target, nll_target, token, logp, nll_logp, logit
     partials = new_partials(rows, vocab, x.device)
     target_logit = torch.empty(rows, device=x.device, dtype=torch.float32)  # read only where a target exists
     nll_logit = torch.empty(rows, device=x.device, dtype=torch.float32)
-    programs = num_programs or gluon_gemm._num_sms(x.device.index if x.device.index is not None
-                                                   else torch.cuda.current_device())
+    programs = num_programs or num_sms(x.device)
     grid, args, opts = _launch_plan(x, weight, logits, target, nll_target, partials, target_logit, nll_logit,
                                     programs)
     logits_row_stats_kernel[grid](*args, **opts)

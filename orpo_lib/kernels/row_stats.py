@@ -105,7 +105,7 @@ def row_stats_kernel(
 
 
 # Chosen from the H200 sweeps in figures/data (notebooks/04-kernel-tuning.ipynb): the best of
-# row-stats-slots-sweep-2026-12-03-h200.json, and within noise of the best in later sweeps.
+# row-kernel-launch-sweep-h200.json, and within noise of the best in later sweeps.
 STATS_LAUNCH = RowLaunch(block_v=1024, num_warps=1)
 
 

@@ -4,7 +4,8 @@
     python -m orpo_lib.workbook.bench --shapes 2x1024,16x4096 --providers floor,fused --modes full
 
 Providers: ``floor`` (the three GEMMs any fused linear loss must do, torch.matmul on the same
-shapes; in ``eval`` mode only the logits GEMM), ``baseline`` (materialising, TRL style), ``fused``
+shapes; in ``eval`` mode only the logits GEMM), ``baseline`` (materialising, TRL style),
+``baseline_compiled`` (the same under ``torch.compile``), ``fused``
 (this library, default settings), ``fused_lean`` (small chunks, two-pass, dW accumulated in the
 weight dtype), ``liger`` (Liger-Kernel's fused ORPO, when importable). Modes: ``forward``, ``full``
 (forward + backward), ``eval`` (forward under no_grad). Times are CUDA-event medians after
@@ -34,7 +35,7 @@ import torch
 from .. import kernels
 from .._triton_mode import INTERPRET
 from ..baseline import orpo_loss_baseline
-from ..chunked import accumulate_mm
+from ..chunked.gemms import accumulate_mm
 from ..fused import fused_linear_orpo_loss
 from .memory import LEAN_CHUNK_ROWS, fused_chunk_rows
 
@@ -150,6 +151,13 @@ def _baseline(w, inputs, mode):
     return _loss_call(lambda h, wt, t, nt: orpo_loss_baseline(h, wt, t, nll_target=nt).loss, inputs, mode)
 
 
+def _baseline_compiled(w, inputs, mode):
+    # dynamic=True: one graph for every shape, as a training loop with varying lengths ends up compiling it;
+    # the compile cache survives main()'s dynamo reset between workloads, so each workload only re-traces.
+    compiled = torch.compile(orpo_loss_baseline, dynamic=True)
+    return _loss_call(lambda h, wt, t, nt: compiled(h, wt, t, nll_target=nt).loss, inputs, mode)
+
+
 def _liger(w, inputs, mode):
     from liger_kernel.chunked_loss import LigerFusedLinearORPOLoss
 
@@ -178,6 +186,7 @@ def load_before(folder) -> None:
 PROVIDERS = {
     "floor": _floor,
     "baseline": _baseline,
+    "baseline_compiled": _baseline_compiled,
     "fused": _fused(),
     "fused_lean": _fused(chunk_size=LEAN_CHUNK_ROWS, fp32_weight_grad=False),
     # the heads of Granite (logits / 8) and Gemma-2 (30·tanh(logits / 30)): what a scale and a cap cost
@@ -489,6 +498,124 @@ def profile_fused(w: Workload, device, chunk_size=None) -> list:
     return sorted(rows, key=lambda r: -r["device_ms"])[:30]
 
 
+# ---- the row statistics inside the logits GEMM, against cuBLAS -------------------------------------------
+
+# (rows, hidden, vocab) of the stats_gemm sweep on CUDA: a Llama-3-8B head at one default chunk of rows and at
+# four, and a Qwen2.5-3B head at four; on the CPU one tiny shape (the interpreter takes about 20 ms per row), its
+# last column tile partial. Every vocabulary is a multiple of 16, so that the buffer path is one GEMM into a plain
+# buffer, as the library runs it (``schedule.logits_row_columns``).
+STATS_GEMM_SHAPES = [(4096, 4096, 128256), (16384, 4096, 128256), (16384, 2048, 151936)]
+STATS_GEMM_CPU_SHAPES = [(24, 40, 272)]
+# cuBLAS's logits GEMM alone; the same GEMM, then row_stats over its buffer; the Gluon statistics GEMM
+STATS_GEMM_PATHS = ("cublas_mm", "cublas_row_stats", "stats_gemm")
+
+
+def stats_gemm_supported(device, dtype) -> bool:
+    """Whether the Gluon statistics GEMM (``kernels.gluon_row_stats``) runs here: compiled kernels on a Hopper GPU
+    (capability 9.0: wgmma and TMA) with bf16 or fp16 operands."""
+    return (device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) == (9, 0)
+            and dtype in (torch.bfloat16, torch.float16))
+
+
+def stats_gemm_call(x, weight, target, nll_target, token, stats) -> None:
+    """The Gluon statistics GEMM into ``stats`` (logp, nll_logp, logit_sum, lse), as a no-grad call of the library
+    runs it: no logits stored."""
+    from ..kernels.gluon_row_stats import logits_row_stats  # Gluon: imported only where it runs
+
+    logits_row_stats(x, weight, target, nll_target, token, *stats)
+
+
+def stats_gemm_bytes(rows: int, vocab: int, itemsize: int) -> dict:
+    """Per path, (bytes written, bytes read back) of what its statistics come from: the (rows, V) logits buffer, or
+    the statistics GEMM's partials (three float32 per row and column tile, and the two target logits per row),
+    which its fold reads back. X, W and the per-row outputs, the same on every path, are left out."""
+    from .memory import STATS_TILE_COLUMNS
+
+    logits = rows * vocab * itemsize
+    partials = rows * 4 * (3 * -(-vocab // STATS_TILE_COLUMNS) + 2)
+    return {"cublas_mm": (logits, 0), "cublas_row_stats": (logits, logits), "stats_gemm": (partials, partials)}
+
+
+def stats_gemm_sweep(device, shapes, dtype: str = "bf16", *, warmup, reps) -> list:
+    """The row statistics of X·Wᵀ at each (rows, hidden, vocab), three ways on the same inputs, timed interleaved
+    (``STATS_GEMM_PATHS``). The Gluon path runs where ``stats_gemm_supported``; elsewhere the row's status is
+    "unsupported" and its times are None. Its statistics are checked against the buffer path's: the largest
+    absolute difference of the log-sum-exp and of the two target log-probs. Every token counts, with its
+    odds-ratio target as its NLL target (the library's default labels). One row per shape, with the bytes of
+    ``stats_gemm_bytes`` and ``in_library``: whether the library's rule (``schedule.statistics_in_gemm``) takes a
+    no-grad call of that many kept rows through the Gluon kernel on this GPU. A shape that fails is recorded with
+    its status ("oom", "error") and what was measured before the failure."""
+    torch_dtype = DTYPES[dtype]
+    gluon = stats_gemm_supported(device, torch_dtype)
+    rows_out = []
+    for rows, hidden, vocab in shapes:
+        row = {"rows": rows, "hidden": hidden, "vocab": vocab, "dtype": dtype,
+               "in_library": _stats_gemm_in_library(device, torch_dtype, rows, hidden, vocab),
+               "status": "ok" if gluon else "unsupported", "error": None, "reps": 0,
+               **{f"{path}_{stat}": None for path in STATS_GEMM_PATHS for stat in ("ms", "min_ms", "max_ms")},
+               "lse_max_abs_diff": None, "logp_max_abs_diff": None}
+        for path, (written, read) in stats_gemm_bytes(rows, vocab, torch_dtype.itemsize).items():
+            row[f"{path}_written_bytes"], row[f"{path}_read_bytes"] = written, read
+        try:
+            _time_stats_gemm_paths(row, device, torch_dtype, gluon, warmup=warmup, reps=reps)
+        except torch.cuda.OutOfMemoryError as exc:
+            row["status"], row["error"] = "oom", str(exc).splitlines()[0]
+        except Exception as exc:  # a failing shape is recorded, not raised: the rest of the run goes on
+            row["status"], row["error"] = "error", f"{type(exc).__name__}: {exc}"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows_out.append(row)
+    return rows_out
+
+
+def _stats_gemm_in_library(device, dtype, rows, hidden, vocab) -> bool:
+    from .. import schedule
+
+    if device.type != "cuda" or INTERPRET:
+        return False
+    return schedule.statistics_in_gemm(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device),
+                                       dtype, False, hidden, vocab, rows)
+
+
+def _time_stats_gemm_paths(row, device, dtype, gluon: bool, *, warmup, reps) -> None:
+    """One shape of ``stats_gemm_sweep``: the statistics check, then the interleaved timing, into ``row``."""
+    rows, hidden, vocab = row["rows"], row["hidden"], row["vocab"]
+    if vocab % 16:
+        raise ValueError(f"the stats_gemm sweep takes vocabularies that are a multiple of 16, not {vocab}")
+    gen = torch.Generator(device=device).manual_seed(4)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.randn(vocab, hidden, device=device, dtype=dtype, generator=gen) * hidden ** -0.5
+    target = torch.randint(0, vocab, (rows,), device=device, dtype=torch.int32, generator=gen)
+    token = torch.arange(rows, device=device)
+    logits = torch.empty(rows, vocab, device=device, dtype=dtype)
+    buffer_stats, gemm_stats = (torch.zeros(4, rows, device=device).unbind(0) for _ in range(2))
+
+    def logits_gemm():
+        torch.mm(x, weight.t(), out=logits)
+
+    def buffer_path():
+        logits_gemm()
+        kernels.row_stats(logits, target, target, token, *buffer_stats)
+
+    def gemm_path():
+        stats_gemm_call(x, weight, target, target, token, gemm_stats)
+
+    calls = {"cublas_mm": logits_gemm, "cublas_row_stats": buffer_path}
+    if gluon:
+        buffer_path()
+        try:
+            gemm_path()
+        except Exception as exc:  # the buffer paths are still timed
+            row["status"], row["error"] = "error", f"{type(exc).__name__}: {exc}"
+        else:
+            logp, nll_logp, _, lse = ((a - b).abs().max().item() for a, b in zip(gemm_stats, buffer_stats))
+            row["lse_max_abs_diff"], row["logp_max_abs_diff"] = lse, max(logp, nll_logp)
+            calls["stats_gemm"] = gemm_path
+    times = time_interleaved(calls, device, warmup, reps)
+    for path, measured in times.items():
+        row[f"{path}_ms"], row[f"{path}_min_ms"], row[f"{path}_max_ms"], row["reps"] = _summary(measured)
+
+
 # ---- the run -------------------------------------------------------------------------------------------
 
 def provenance(device, command, commit=None) -> dict:
@@ -564,7 +691,7 @@ def format_table(results, floor_by_shape) -> str:
     return "\n".join(lines)
 
 
-SWEEPS = ("chunk", "stages", "row_kernel", "profile", "accuracy")
+SWEEPS = ("chunk", "stages", "row_kernel", "profile", "accuracy", "stats_gemm")
 
 
 def _sweep_list(text) -> list:
@@ -594,7 +721,7 @@ def parse_args(argv):
     parser.add_argument("--busy-gpu", action="store_true",
                         help="queue a stand-in for the model's GEMMs before each timed call (CUDA only)")
     parser.add_argument("--out", default=None,
-                        help="JSON record (default figures/data/bench-<date>-<device>.json, busy-gpu-... with --busy-gpu)")
+                        help="JSON record (default build/bench-<date>-<device>.json, busy-gpu-... with --busy-gpu)")
     parser.add_argument("--commit", default=None)
     return parser.parse_args(argv)
 
@@ -622,7 +749,8 @@ def run_workloads(workloads, providers, modes, device, *, warmup, reps, lead=Non
 
 
 def run_sweeps(sweeps, w: Workload, device, *, warmup, reps) -> dict:
-    """The named sweeps at one workload (chunk size, stages, row-kernel launches, profile, accuracy)."""
+    """The named sweeps at one workload (chunk size, stages, row-kernel launches, profile, accuracy); the
+    statistics GEMM's (``stats_gemm``) at shapes of its own."""
     on_gpu = device.type == "cuda"
     chunk_rows = 4096 if on_gpu else 64
     out = {}
@@ -642,6 +770,9 @@ def run_sweeps(sweeps, w: Workload, device, *, warmup, reps) -> dict:
         cases = (Workload(2, 512, w.hidden, w.vocab, dtype), Workload(2, 500, w.hidden, w.vocab, dtype),
                  Workload(4, 1000, w.hidden, w.vocab, dtype, mask="prompt-half"))
         out["accuracy"] = [{"workload": asdict(case), "relative_error": accuracy(case, device)} for case in cases]
+    if "stats_gemm" in sweeps:
+        shapes = STATS_GEMM_SHAPES if on_gpu else STATS_GEMM_CPU_SHAPES
+        out["stats_gemm"] = stats_gemm_sweep(device, shapes, w.dtype, warmup=warmup, reps=reps)
     return out
 
 
@@ -688,9 +819,9 @@ def main(argv=None):
     b, t = parse_shapes(args.sweep_shape or ("8x4096" if on_gpu else "4x32"))[0]
     record["sweeps"] = run_sweeps(args.sweeps, Workload(b, t, hidden, vocab, dtype),
                                   device, warmup=warmup, reps=reps)
-    # a busy-GPU run is not a bench-* record: those are the seed table's, timed from an idle GPU
+    # the workbook's records are what records.py writes, named by what they measure; a run of its own goes to build/
     kind = "busy-gpu" if args.busy_gpu else "bench"
-    out = Path(args.out) if args.out else Path("figures/data") / (
+    out = Path(args.out) if args.out else Path("build") / (
         f"{kind}-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
     write_json(out, record)
     print(summary_table(record))

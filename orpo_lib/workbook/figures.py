@@ -2,8 +2,8 @@
 
     python -m orpo_lib.workbook.figures [--data figures/data] [--out figures]
 
-Figures of the analytic memory model are always drawn, with the peaks of the newest benchmark
-record (and the published anchors for the seed baseline) overlaid. Figures of measured time need a
+Figures of the analytic memory model are always drawn, with the peaks of the newest seed-shapes
+record overlaid. Figures of measured time need a
 benchmark record; without one this says so and draws none of them. A mask record
 (``mask-*.json``) adds the realistic-mask comparison.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from . import memory, plots
-from .measurements import DATA_DIR, H200_ANCHORS, NO_RECORD_MESSAGE, latest_bench_record, mask_rows, sweep_shape
+from .measurements import DATA_DIR, NO_RECORD_MESSAGE, latest_bench_record, mask_rows, sweep_shape
 
 FIGURE_DIR = DATA_DIR.parent
 # The seed workloads: H=4096, V=128256, bf16, B = 2..16, T = 1024 and 4096.
@@ -34,7 +34,7 @@ def build_figures(data_dir: str | Path | None = None, out_dir: str | Path | None
     """Write every figure the data supports; returns the files written."""
     out = Path(out_dir) if out_dir else FIGURE_DIR
     record = latest_bench_record(data_dir)
-    measured = ([record] if record else []) + [H200_ANCHORS]
+    measured = [record] if record else []
     written: list[Path] = []
     for seq in (1024, 4096):
         fig = plots.memory_scaling("batch", SEED_BATCHES, batch=2, seq=seq, measured=measured, **SEED_SHAPE)
@@ -49,7 +49,7 @@ def build_figures(data_dir: str | Path | None = None, out_dir: str | Path | None
     for seq, hidden, vocab in shapes:
         seed_shape = {"hidden": hidden, "vocab": vocab} == SEED_SHAPE
         suffix = f"T{seq}" if seed_shape else f"T{seq}-H{hidden}-V{vocab}"
-        fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode="full", references=[H200_ANCHORS])
+        fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode="full")
         _save(fig, out, f"batch-scaling-full-{suffix}", written)
         for mode in ("forward", "eval"):
             if record.select(mode=mode, seq=seq, hidden=hidden, vocab=vocab):

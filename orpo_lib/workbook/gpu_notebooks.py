@@ -8,8 +8,8 @@ ipywidgets and nbconvert with what they need, ``pip install --target /tmp/site W
 1. finds the ``python3`` kernel, or installs its spec for this interpreter under ``--kernel-prefix``;
 2. runs every notebook with ``run_gpu=True`` (the runner's ``--gpu``) into ``DIR/notebooks``;
 3. writes ``DIR/notebooks-<date>-<gpu>.json``: provenance (GPU, torch and triton versions, date, the
-   commit from ``$ORPO_COMMIT``) and each notebook's run time and record, which the notebooks show
-   once the file is committed to figures/data (``measurements.gpu_run_value``);
+   commit from ``$ORPO_COMMIT``) and each notebook's run time and record: evidence that the workbook's
+   GPU cells run and what they measured;
 4. copies each notebook's PNG figures to ``DIR/notebooks-<date>-<gpu>/`` and writes the HTML report
    to ``DIR/report``.
 

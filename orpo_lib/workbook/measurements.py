@@ -15,7 +15,16 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "figures" / "data"
 
 NO_RECORD_MESSAGE = (
     "No GPU benchmark record in figures/data yet: the measured curves appear once "
-    "`make bench` has run on a GPU machine and its JSON is committed."
+    "`python -m orpo_lib.workbook.records` has run on a GPU machine and its records are committed."
+)
+
+
+# The seed workloads with notebook 4's sweeps, from one run of the harness on one GPU (``seed-shapes-<gpu>.json``).
+SEED_RECORD_PATTERN = "seed-shapes-*.json"
+NO_SEED_RECORD_MESSAGE = (
+    "No seed-shapes record in figures/data yet: the measured numbers appear once the harness has run the seed "
+    "shapes and their sweeps on a GPU (the seed-shapes part of `python -m orpo_lib.workbook.records`) and its "
+    "seed-shapes-<gpu>.json is committed."
 )
 
 
@@ -51,14 +60,14 @@ def is_gpu_record(record: BenchRecord) -> bool:
     return not str(record.provenance.get("gpu") or "CPU").startswith("CPU")
 
 
-def load_bench_records(data_dir: str | Path | None = None, pattern: str = "bench-*.json") -> list[BenchRecord]:
+def load_bench_records(data_dir: str | Path | None = None, pattern: str = SEED_RECORD_PATTERN) -> list[BenchRecord]:
     """Every benchmark record in ``data_dir`` (default ``figures/data``): CPU runs first, then GPU runs, oldest first."""
     directory = Path(data_dir) if data_dir else DATA_DIR
     records = [load_bench_record(p) for p in sorted(directory.glob(pattern))]
     return sorted(records, key=lambda r: (is_gpu_record(r), str(r.provenance.get("date", "")), r.source))
 
 
-def latest_bench_record(data_dir: str | Path | None = None, pattern: str = "bench-*.json") -> BenchRecord | None:
+def latest_bench_record(data_dir: str | Path | None = None, pattern: str = SEED_RECORD_PATTERN) -> BenchRecord | None:
     """The newest record (a CPU record only when there is no GPU one), or None when there is none.
 
     A sweep too long for one command is recorded as several runs of the same commit on the same
@@ -80,6 +89,18 @@ def latest_bench_record(data_dir: str | Path | None = None, pattern: str = "benc
         sweeps.update(r.sweeps)
     return BenchRecord(provenance, [row for r in same_run for row in r.results], sweeps,
                        source=", ".join(r.source for r in same_run))
+
+
+def latest_seed_record(data_dir: str | Path | None = None) -> BenchRecord | None:
+    """The newest seed-shapes record (``SEED_RECORD_PATTERN``) in ``data_dir`` (default ``figures/data``), or None."""
+    return latest_bench_record(data_dir, pattern=SEED_RECORD_PATTERN)
+
+
+def measured_on(record: BenchRecord) -> str:
+    """The sentence that names the one GPU (and run) every measured number of a notebook comes from."""
+    gpu = record.provenance.get("gpu") or "unknown GPU"
+    return (f"Every measured number below comes from one run on one GPU, {gpu}: "
+            f"{record_caption(record).removeprefix(gpu + ', ')}.")
 
 
 # The providers ``python -m orpo_lib.workbook.bench`` measures, in the order the workbook lists them.
@@ -203,22 +224,18 @@ def best_row_kernel(record: BenchRecord, kernel: str) -> dict | None:
     return max(points, key=lambda p: p["gbps"]) if points else None
 
 
+def row_kernel_point(record: BenchRecord, kernel: str, block_v: int, num_warps: int) -> dict | None:
+    """The recorded point of one row kernel at one launch configuration (the library's: ``kernels.STATS_LAUNCH``,
+    ``kernels.GRADS_LAUNCH``), or None when the sweep did not try it."""
+    found = [p for p in record.sweeps.get("row_kernel") or []
+             if (p["kernel"], p["block_v"], p["num_warps"]) == (kernel, block_v, num_warps)]
+    return found[0] if found else None
+
+
 def stage_ms(record: BenchRecord, stage: str) -> float | None:
     """Median milliseconds of one recorded stage, or None when the stages sweep lacks it."""
     found = [s["median_ms"] for s in record.sweeps.get("stages") or [] if s["stage"] == stage]
     return found[0] if found else None
-
-
-def floor_tflops(record: BenchRecord, mode: str = "eval") -> float:
-    """Median TFLOP/s the floor reached in a record (mode "eval": the logits GEMM alone)."""
-    values = sorted(r["tflops"] for r in record.select(provider="floor", mode=mode) if r.get("tflops"))
-    return values[len(values) // 2]
-
-
-def logit_read_share(gemm_tflops: float, bandwidth_tbps: float, hidden: int, dtype_bytes: int = 2) -> float:
-    """Time to read each logit once from HBM over the time the GEMM spends on its 2·H FLOPs: the least a
-    forward that reads the logits after the GEMM adds to it."""
-    return (dtype_bytes / (bandwidth_tbps * 1e12)) / (2 * hidden / (gemm_tflops * 1e12))
 
 
 def provenance_caption(provenance: dict, source: str = "") -> str:
@@ -259,7 +276,7 @@ def sweep_shape(record: "BenchRecord", sweep: str) -> dict | None:
 
 
 # Side-by-side run on one H200 of the floor GEMMs, the seed benchmark's TRL-style baseline ("seed_baseline")
-# and Liger's ORPO loss; and the seed record, Liger's ORPO benchmark script on an A100, forward only.
+# and Liger's ORPO loss, against which the memory model's seed baseline is tested.
 def _anchor_record(name: str) -> BenchRecord:
     """A record in ``figures/data``, or an empty one where the package runs without the repository's data."""
     path = DATA_DIR / name
@@ -267,7 +284,6 @@ def _anchor_record(name: str) -> BenchRecord:
 
 
 H200_ANCHORS = _anchor_record("anchors-2026-12-02-h200.json")
-SEED_A100_FORWARD = _anchor_record("anchors-2024-a100-forward.json")
 
 
 def format_table(rows: list[dict], columns: list[str], formats: dict | None = None) -> str:
@@ -340,6 +356,61 @@ def kernel_rows(record: BenchRecord) -> list[dict]:
     return rows
 
 
+# The paths of the statistics-GEMM sweep (``bench.stats_gemm_sweep``): cuBLAS's logits GEMM alone, the same GEMM
+# then row_stats over its buffer, and the Gluon statistics GEMM, which stores no logits.
+STATS_GEMM_PATHS = ("cublas_mm", "cublas_row_stats", "stats_gemm")
+
+
+def _over(ms: float | None, base: float | None) -> float | None:
+    return ms / base if ms is not None and base else None
+
+
+def _against(row: dict, path: str, other: str) -> str | None:
+    """"faster" or "slower" where the two paths' min-max ranges do not overlap, else "level"; None unless both ran."""
+    if row.get(f"{path}_ms") is None or row.get(f"{other}_ms") is None:
+        return None
+    if row[f"{path}_max_ms"] < row[f"{other}_min_ms"]:
+        return "faster"
+    return "slower" if row[f"{path}_min_ms"] > row[f"{other}_max_ms"] else "level"
+
+
+def stats_gemm_rows(record: BenchRecord) -> list[dict]:
+    """Per shape of the record's ``stats_gemm`` sweep: cuBLAS's logits GEMM alone (ms); the buffer path and the
+    statistics GEMM over it (``*_x_mm``, with each one's fastest and slowest repetition over the same median); the
+    statistics GEMM over the buffer path and how the two compare ("faster", "slower", or "level" where their
+    min-max ranges overlap); the GB of logits written and read back that the statistics GEMM does not move; the
+    largest differences of its statistics from the buffer path's; whether the library's rule took a no-grad call
+    of that many rows through it on the record's GPU; and the row's status ("unsupported": no Gluon kernel there)."""
+    rows = []
+    for r in record.sweeps.get("stats_gemm") or []:
+        mm = r.get("cublas_mm_ms")
+        moved = {p: r[f"{p}_written_bytes"] + r[f"{p}_read_bytes"] for p in STATS_GEMM_PATHS}
+        row = {"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"], "cublas_mm_ms": mm}
+        for path, name in (("cublas_row_stats", "row_stats"), ("stats_gemm", "stats_gemm")):
+            row[f"{name}_x_mm"] = _over(r.get(f"{path}_ms"), mm)
+            row[f"{name}_x_mm_min"], row[f"{name}_x_mm_max"] = (_over(r.get(f"{path}_{s}_ms"), mm) for s in ("min", "max"))
+        rows.append({**row, "stats_gemm_x_row_stats": _over(r.get("stats_gemm_ms"), r.get("cublas_row_stats_ms")),
+                     "against_row_stats": _against(r, "stats_gemm", "cublas_row_stats"),
+                     "gb_not_moved": (moved["cublas_row_stats"] - moved["stats_gemm"]) / 1e9,
+                     "lse_max_abs_diff": r.get("lse_max_abs_diff"), "logp_max_abs_diff": r.get("logp_max_abs_diff"),
+                     "in_library": r["in_library"], "status": r["status"]})
+    return rows
+
+
+def stats_gemm_verdict(rows: list[dict]) -> dict:
+    """What ``stats_gemm_rows`` say about the library's rule on their GPU: the shapes where the statistics GEMM
+    measured faster or level against the buffer path, those where the rule takes it, and those where the two
+    differ (each shape as "rows×H×V")."""
+    def shape(r):
+        return f"{r['rows']}×{r['hidden']}×{r['vocab']}"
+
+    measured = [r for r in rows if r["against_row_stats"] is not None]
+    worth_it = {shape(r) for r in measured if r["against_row_stats"] in ("faster", "level")}
+    taken = {shape(r) for r in measured if r["in_library"]}
+    return {"shapes": len(rows), "measured": len(measured), "faster_or_level": sorted(worth_it),
+            "in_library": sorted(taken), "differ": sorted(worth_it ^ taken)}
+
+
 def mask_summary(record: BenchRecord) -> list[dict]:
     """Per workload and mask other than "none": each provider's time over the unmasked floor of the same run."""
     table: dict = {}
@@ -351,8 +422,8 @@ def mask_summary(record: BenchRecord) -> list[dict]:
 
 def latest_shapes_record(preset: str, data_dir: str | Path | None = None) -> BenchRecord | None:
     """The newest record of a named workload set of the benchmark (``--shapes long-context`` or
-    ``small-models``), saved as ``shapes-<date>-<gpu>-<commit>-<preset>.json``."""
-    return latest_bench_record(data_dir, pattern=f"shapes-*-{preset}.json")
+    ``small-models``), saved as ``<preset>-<gpu>.json`` by ``python -m orpo_lib.workbook.records``."""
+    return latest_bench_record(data_dir, pattern=f"{preset}-*.json")
 
 
 def workload_rows(record: BenchRecord, *, mode: str, providers: tuple[str, ...] = ("baseline", "liger", "fused")) -> list[dict]:
@@ -371,147 +442,12 @@ def workload_rows(record: BenchRecord, *, mode: str, providers: tuple[str, ...] 
     return [table[key] for key in sorted(table, key=lambda k: (k[4] != "none", k[4], k[1], k[2], k[3], k[0]))]
 
 
-NO_GPU_NOTEBOOKS_MESSAGE = (
-    "No GPU execution of the workbook in figures/data yet: its values appear once "
-    "`python -m orpo_lib.workbook.gpu_notebooks` has run on a GPU machine and its notebooks-*.json is committed."
-)
-
-
-def latest_gpu_notebooks(data_dir: str | Path | None = None) -> dict | None:
-    """The newest ``notebooks-<date>-<gpu>.json`` (every notebook executed on a GPU with ``run_gpu=True``):
-    ``{"provenance": ..., "notebooks": {stem: {"seconds": ..., "record": {...}}}, "source": file name}``."""
-    return latest_record("notebooks-*.json", data_dir)
-
-
-def gpu_run_value(stem: str, name: str, data_dir: str | Path | None = None) -> tuple[str, object] | None:
-    """What notebook ``stem`` recorded under ``name`` in the newest GPU execution of the workbook, with that
-    run's provenance caption; None when there is no such execution."""
-    run = latest_gpu_notebooks(data_dir)
-    if run is None or stem not in run["notebooks"]:
-        return None
-    return provenance_caption(run["provenance"], run["source"]), run["notebooks"][stem]["record"].get(name)
-
-
-def beside_gpu_run(recorded: list[dict], executed: list[dict], keys: list[str], values: list[str]) -> list[dict]:
-    """Recorded rows joined on ``keys`` with the rows a GPU execution of the notebook measured: each of
-    ``values`` twice, as ``recorded_<value>`` and ``gpu_run_<value>`` (None where one side lacks the row)."""
-    def key(row):
-        return tuple(row.get(k) for k in keys)
-
-    by_key = {key(r): {k: r.get(k) for k in keys} for r in [*recorded, *executed]}
-    for prefix, rows in (("recorded", recorded), ("gpu_run", executed)):
-        for r in rows:
-            by_key[key(r)].update({f"{prefix}_{v}": r.get(v) for v in values})
-    return [by_key[k] for k in sorted(by_key, key=lambda k: tuple(str(v) for v in k))]
-
-
 def latest_record(pattern: str, data_dir: str | Path | None = None) -> dict | None:
-    """The newest JSON record in ``figures/data`` whose name matches ``pattern`` (dated names sort by date),
-    with its file name as ``source``; None when there is none."""
+    """The newest JSON record in ``figures/data`` whose name matches ``pattern`` (by the date in its provenance,
+    then its name), with its file name as ``source``; None when there is none."""
     directory = Path(data_dir) if data_dir else DATA_DIR
-    paths = sorted(directory.glob(pattern))
-    return {**json.loads(paths[-1].read_text()), "source": paths[-1].name} if paths else None
-
-
-# Columns of the statistics-GEMM probe: (label, time key, the time it is divided by).
-STATS_GEMM_COLUMNS = [
-    ("gluon_gemm", "gluon_mm_ms", "cublas_mm_ms"),
-    ("cublas+row_stats", "mm_plus_row_stats_ms", "cublas_mm_ms"),
-    ("stats_gemm_1wg", "stats_wg1_s16_ms", "cublas_mm_ms"),
-    ("stats_gemm", "stats_wg2_s16_ms", "cublas_mm_ms"),
-    ("stats_gemm_unbranched", "stats_wg2_s16_all_ms", "cublas_mm_ms"),
-    ("stats_gemm+store", "stats_wg2_s16_store_ms", "mm_plus_row_stats_ms"),
-]
-
-
-def statistics_gemm_rows(record: dict) -> list[dict]:
-    """Per (rows, H, V) of a ``stats-gemm-*.json`` probe: each variant's time over cuBLAS's logits GEMM, and
-    the statistics GEMM that also stores the logits over cuBLAS + row_stats (what it would replace in training)."""
-    return [{"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"], "cublas_ms": r["cublas_mm_ms"],
-             **{label: r[key] / r[base] for label, key, base in STATS_GEMM_COLUMNS}} for r in record["results"]]
-
-
-# Variants of the ping-pong statistics GEMM probe (pingpong-stats-*.json), each over cuBLAS's logits GEMM alone;
-# its second run (pingpong-diagnostics-*.json) adds the warp-specialised skeleton and two variants of the kernel.
-PINGPONG_COLUMNS = ("cublas_stats", "gluon_now", "pingpong4", "pingpong5", "pingpong6")
-PINGPONG_DIAGNOSTIC_COLUMNS = ("cublas_stats", "gluon_gemm", "pingpong4", "pingpong5", "pp4_late_turn", "pp4_no_stats")
-
-
-def pingpong_rows(record: dict, columns=PINGPONG_COLUMNS) -> list[dict]:
-    """Per (rows, H, V) of a ping-pong probe: the variants in ``columns`` (by default cuBLAS + row_stats,
-    ``gluon_row_stats`` and the ping-pong statistics GEMM at three ring depths), each over cuBLAS's logits GEMM in
-    the same run."""
-    return [{"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"],
-             **{name: r["x_cublas"][name] for name in columns}} for r in record["results"]]
-
-
-# Columns of the softmax-beside-the-MMAs probe: (label, time key), each over cuBLAS's dX GEMM in the same run.
-SOFTMAX_MM_COLUMNS = [
-    ("skeleton", "three_rings_no_transform_ms"),
-    ("round_trip", "three_rings_no_exp_ms"),
-    ("three_rings", "three_rings_ms"),
-    ("softmax_mm", "softmax_mm_ms"),
-]
-
-
-def softmax_mm_rows(record: dict) -> list[dict]:
-    """Per (rows, H, V) of a ``softmax-mm-*.json`` probe, over cuBLAS's dX GEMM: the break-even (that GEMM plus
-    the half of row_grads the kernel saves, its write of G) and each variant's time."""
-    return [{"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"], "cublas_dx_ms": r["cublas_dx_ms"],
-             "break_even": 1 + r["half_row_grads_ms"] / r["cublas_dx_ms"],
-             **{label: r[key] / r["cublas_dx_ms"] for label, key in SOFTMAX_MM_COLUMNS}} for r in record["results"]]
-
-
-LAYOUT_STEPS = ("logits_gemm", "row_stats", "row_grads", "dx_gemm", "dw_gemm")
-
-
-def layout_rows(record: dict) -> list[dict]:
-    """Per shape of an ``aligned-rows-*.json`` record (an odd vocabulary): each step's time with the rows packed
-    back to back and with the library's layout (rows padded to 16 columns, W with zero rows to match), and the
-    copy of W that layout costs a call."""
-    return [{"shape": f"{r['rows']}×{r['hidden']}×{r['vocab']}", "head_copy_ms": r["head_copy_ms"],
-             **{f"{step}_{layout}": r[layout][f"{step}_ms"] for step in LAYOUT_STEPS for layout in ("packed", "padded")}}
-            for r in record["results"]]
-
-
-def small_call_rows(record: dict) -> list[dict]:
-    """Per shape of a ``small-call-stalls-*.json`` record: each variant's median over the floor's in the same
-    run, with the GPU idle at the call's start (as the harness times) and busy (after a GEMM standing in for
-    the model, as in training)."""
-    floors = {(r["shape"], r["scenario"]): r["median_ms"] for r in record["results"] if r["variant"] == "floor"}
-    rows = {}
-    for r in record["results"]:
-        if r["variant"] != "floor":
-            row = rows.setdefault(r["shape"], {"gpu": record["provenance"]["gpu"], "shape": r["shape"]})
-            row[f"{r['variant']}_{r['scenario']}"] = r["median_ms"] / floors[r["shape"], r["scenario"]]
-    return list(rows.values())
-
-
-def before_after_rows(record: BenchRecord, mode: str = "eval") -> list[dict]:
-    """Per shape (and mask) of a record run with ``--before``: the loss's time in ``mode`` over the floor's (in eval
-    mode the logits GEMM) and its peak over the inputs, for this commit (``fused``) and the one before (``before``)."""
-    rows = []
-    for floor in record.select("floor", mode):
-        shape = {k: floor[k] for k in ("batch", "seq", "hidden", "vocab", "mask") if k in floor}
-        now, before = (record.select(p, mode, **shape) for p in ("fused", "before"))
-        if now and before:
-            rows.append({**shape, "fused": now[0]["median_ms"] / floor["median_ms"],
-                         "before": before[0]["median_ms"] / floor["median_ms"],
-                         "fused_peak_gib": now[0]["peak_over_inputs_gib"],
-                         "before_peak_gib": before[0]["peak_over_inputs_gib"]})
-    return rows
-
-
-def busy_idle_rows(pattern: str, mode: str = "full", data_dir: str | Path | None = None) -> tuple[list[dict], list[str]]:
-    """``before_after_rows`` of the busy and the idle record of one A/B run (``pattern``, a glob with a ``{scenario}``
-    field), each row marked with its scenario, and the caption of each record found."""
-    rows, captions = [], []
-    for scenario in ("busy", "idle"):
-        record = latest_bench_record(data_dir, pattern=pattern.format(scenario=scenario))
-        if record is not None:
-            captions.append(f"{scenario}: {record_caption(record)}")
-            rows += [{"scenario": scenario, **row} for row in before_after_rows(record, mode)]
-    return rows, captions
+    records = [{**json.loads(p.read_text()), "source": p.name} for p in sorted(directory.glob(pattern))]
+    return max(records, key=lambda r: (str(r.get("provenance", {}).get("date", "")), r["source"])) if records else None
 
 
 def trl_training_rows(record: dict) -> list[dict]:

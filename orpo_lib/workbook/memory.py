@@ -108,7 +108,7 @@ def _fused_phases(batch, seq, hidden, vocab, dtype_bytes, chunk_size, dw_fp32, w
     chunk = chunking(batch, seq, chunk_size, vocab, dtype_bytes, hidden=hidden, dw_fp32=dw_fp32)
     columns = schedule.logits_row_columns(vocab)  # rows start on 16-byte boundaries
     buffer = chunk.rows * columns * dtype_bytes
-    # chunked.gemm_head: at an odd vocabulary the GEMMs take W's last rows as a 16-row copy with zero rows, and the dX
+    # chunked.gemms.gemm_head: at an odd vocabulary the GEMMs take W's last rows as a 16-row copy with zero rows, and the dX
     # GEMMs, two of them, sum in float32 before their one rounding
     odd = columns != vocab
     head = {"head_tail": 16 * hidden * dtype_bytes if odd else 0}
@@ -401,6 +401,38 @@ def stage_table(impl: str, batch: int, seq: int, hidden: int, vocab: int, dtype_
             "ms_roofline": predicted_ms([stage]),
         })
     return rows
+
+
+def statistics_paths(rows: int, hidden: int, vocab: int, dtype_bytes: int = 2) -> dict[str, list[dict]]:
+    """FLOPs and HBM bytes of each stage of the row statistics of one block, X (rows × H) times Wᵀ, three ways
+    (the paths of ``bench.stats_gemm_sweep``): cuBLAS's logits GEMM alone, which writes the logits; that GEMM
+    and ``row_stats_kernel``, which reads them back; and the statistics GEMM, whose epilogue writes per-tile
+    partials (three float32 per row and column tile, two target logits per row) that a fold reads back."""
+    flops = 2 * rows * hidden * vocab
+    inputs = (rows + vocab) * hidden * dtype_bytes
+    logits = rows * vocab * dtype_bytes
+    partials = rows * FP32_BYTES * (3 * -(-vocab // STATS_TILE_COLUMNS) + 2)
+    gemm = {"stage": "logits GEMM", "flops": flops, "bytes": inputs + logits}
+    return {
+        "cublas_mm": [gemm],
+        "cublas_row_stats": [gemm, {"stage": "row stats (read)", "flops": 0, "bytes": logits}],
+        "stats_gemm": [{"stage": "GEMM, statistics in its epilogue", "flops": flops, "bytes": inputs + partials},
+                       {"stage": "fold of the partials (read)", "flops": 0, "bytes": partials}],
+    }
+
+
+def statistics_gemm_prediction(rows: int, hidden: int, vocab: int, dtype_bytes: int = 2) -> dict:
+    """The roofline of ``statistics_paths``: the logits GEMM's time, each statistics path's over it, and the bytes
+    the statistics GEMM leaves unmoved. The row-statistics pass costs ``rows·V·dtype_bytes`` of bandwidth against
+    ``2·rows·H·V`` FLOPs of GEMM, a share of ``TFLOP/s · dtype_bytes / (2·H · TB/s)`` that halves as H doubles;
+    the statistics GEMM pays only for its partials, if its epilogue hides behind the MMAs."""
+    paths = statistics_paths(rows, hidden, vocab, dtype_bytes)
+    ms = {path: predicted_ms(stages) for path, stages in paths.items()}
+    # what each writes and reads back between the GEMM and the statistics: the logits, or the partials
+    logits, partials = paths["cublas_row_stats"][1]["bytes"], paths["stats_gemm"][1]["bytes"]
+    return {"rows": rows, "hidden": hidden, "vocab": vocab, "logits_gemm_ms": ms["cublas_mm"],
+            "row_stats_x_mm": ms["cublas_row_stats"] / ms["cublas_mm"], "stats_gemm_x_mm": ms["stats_gemm"] / ms["cublas_mm"],
+            "gb_not_moved": 2 * (logits - partials) / 1e9}
 
 
 # Per token of ``vocab_parallel_orpo_loss``: the four float32 statistics, the two int32 target ids, four int32

@@ -13,11 +13,11 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from . import memory
 from .kernel_tour import group_pass
-from .measurements import BenchRecord, floor_mode, provenance_caption, record_caption
+from .measurements import BenchRecord, floor_mode, provenance_caption, record_caption, sweep_shape
 
 STYLE = {
     "floor": {"color": "0.35", "label": "floor (3 GEMMs)", "marker": "s"},
@@ -41,8 +41,18 @@ def add_caption(fig: Figure, *lines: str) -> None:
 
 
 def plain_log_axis(axis) -> None:
-    """Plain numbers (2, 4, 8 or 0.5, 1, 2) on a log axis instead of powers of ten."""
-    axis.set_major_formatter(ScalarFormatter())
+    """Plain numbers (2, 4, 8 or 0.5, 1, 2) on a log axis instead of powers of ten, and enough of them.
+
+    Left to itself a base-10 axis labels only the powers of ten: over 2 to 90 GiB that is the one label
+    "10". Here it gets ticks at 1, 2 and 5 times each power of ten (1, 2, 3 and 5 where the data spans less
+    than a factor of 10, every multiple where it spans less than 3). Ticks set by hand and axes of
+    another base (2, 4, 8) keep theirs. Call it once the data is drawn: the ticks follow its range.
+    """
+    if isinstance(axis.get_major_locator(), LogLocator) and axis.get_transform().base == 10:
+        low, high = axis.get_view_interval()
+        subs = (1, 2, 5) if high / low >= 10 else (1, 2, 3, 5) if high / low >= 3 else range(1, 10)
+        axis.set_major_locator(LogLocator(base=10, subs=list(subs)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())
 
 
@@ -220,7 +230,7 @@ def chunk_plan(plan, vocab: int | None = None, dtype_bytes: int = 2) -> Figure:
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=v["color"], hatch=v["hatch"], edgecolor="white", label=k)
                for k, v in PASS_STYLE.items()]
     handles.append(plt.Rectangle((0, 0), 1, 1, fill=False, edgecolor="black", label="a chunk (white lines: its blocks)"))
-    ax.legend(handles=handles, fontsize=7, loc="lower center", ncol=len(handles), frameon=False)
+    ax.legend(handles=handles, fontsize=7, loc="lower center", ncol=2, frameon=False)  # in one row it runs past the axes
     ax.set_title(f"Chunk plan, B={plan.batch}, T={plan.seq}, at most {plan.chunk_rows} rows per block: "
                  f"{len(plan.groups)} chunk(s), {plan.blocks} block(s)", fontsize=9)
     buffer_ax.bar(0, plan.buffer_rows, color="0.5", width=0.6)
@@ -233,7 +243,7 @@ def chunk_plan(plan, vocab: int | None = None, dtype_bytes: int = 2) -> Figure:
     label = f"{plan.buffer_rows} rows"
     if vocab:
         label += f"\n{plan.buffer_rows * vocab * dtype_bytes / memory.GIB:.2f} GiB"
-    buffer_ax.text(0, plan.buffer_rows / 2, label, ha="center", va="center", fontsize=7, color="white")
+    buffer_ax.set_xlabel(label, fontsize=7)  # under the bar: inside, it is wider than the bar
     buffer_ax.set_title("buffer", fontsize=9)
     add_caption(fig, f"Plan: orpo_lib.schedule.plan_chunks, every token counted; row limit {plan.chunk_rows}, "
                      f"{plan.limit_source}")
@@ -279,7 +289,7 @@ def chunk_pareto(sweep: list[dict], provenance: dict | None, *, batch: int, seq:
                             xytext=(6, 2 if fp32_dw else -11), textcoords="offset points")
     ax.set_xscale("log")
     low, high = ax.get_xlim()
-    ax.set_xticks([t for t in (0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32) if low <= t <= high])
+    ax.set_xticks([t for t in (0.5, 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 12, 16, 24, 32) if low <= t <= high])
     plain_log_axis(ax.xaxis)
     ax.set_xlabel("peak memory over inputs (GiB); labels: chunk rows")
     ax.set_ylabel("forward+backward (ms)")
@@ -323,12 +333,35 @@ def stage_breakdown(predicted: list[dict], record: BenchRecord | None = None) ->
     return fig
 
 
+ROW_KERNEL_PASSES = {"stats": 1, "grads": 2}  # times a row kernel moves the chunk of logits: read; read and write
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+HBM_PEAK_GBPS = 4800  # the H200's
+
+
+def row_kernel_shape(record: BenchRecord) -> str:
+    """The chunk of logits the row-kernel sweep ran on, as "R rows × V=…, dtype". V comes from the sweep's
+    command and the dtype from the run's results; R from the bytes each point counted (GB/s × time, the
+    chunk once per pass), where every point gives the same R. "shape not recorded" when none is known."""
+    shape = sweep_shape(record, "row_kernel")
+    if shape is None:
+        return "shape not recorded"
+    dtypes = {r.get("dtype") for r in record.results if (r.get("hidden"), r.get("vocab")) == (shape["hidden"], shape["vocab"])}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPE_BYTES:
+        return f"V={shape['vocab']}"
+    (dtype,) = dtypes
+    rows = {round(p["gbps"] * p["median_ms"] * 1e6 / (ROW_KERNEL_PASSES[p["kernel"]] * shape["vocab"] * DTYPE_BYTES[dtype]))
+            for p in record.sweeps["row_kernel"]}
+    prefix = f"{rows.pop()} rows × " if len(rows) == 1 else ""
+    return f"{prefix}V={shape['vocab']}, {dtype}"
+
+
 def row_kernel_heatmap(record: BenchRecord) -> Figure:
-    """Achieved bandwidth of each row kernel for each (BLOCK_V, num_warps)."""
+    """Achieved bandwidth of each row kernel for each (BLOCK_V, num_warps), with a colour bar in GB/s and
+    the shape of the chunk in the title (``row_kernel_shape``)."""
     titles = {"stats": "statistics (one read)", "grads": "gradient in place (one read, one write)"}
     sweep = record.sweeps["row_kernel"]
     variants = [(k, t) for k, t in titles.items() if any(p["kernel"] == k for p in sweep)]
-    fig, axes = plt.subplots(1, len(variants), figsize=(4.6 * len(variants), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.6 * len(variants) + 0.6, 3.6), squeeze=False)
     for ax, (kernel, title) in zip(axes[0], variants):
         points = [p for p in sweep if p["kernel"] == kernel]
         blocks = sorted({p["block_v"] for p in points})
@@ -336,20 +369,25 @@ def row_kernel_heatmap(record: BenchRecord) -> Figure:
         grid = [[float("nan")] * len(blocks) for _ in warps]
         for p in points:
             grid[warps.index(p["num_warps"])][blocks.index(p["block_v"])] = p["gbps"]
-        ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0, vmax=4800)
+        image = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0, vmax=HBM_PEAK_GBPS)
         best = max(points, key=lambda p: p["gbps"])
         for i, row in enumerate(grid):
             for j, value in enumerate(row):
                 if value == value:
                     is_best = (warps[i], blocks[j]) == (best["num_warps"], best["block_v"])
+                    red, green, blue, _ = image.cmap(image.norm(value))
+                    light = 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.45
                     ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=8,
-                            color="black" if value > 2200 else "white", fontweight="bold" if is_best else "normal")
+                            color="black" if light else "white", fontweight="bold" if is_best else "normal")
         ax.set_xticks(range(len(blocks)), [str(b) for b in blocks])
         ax.set_yticks(range(len(warps)), [str(w) for w in warps])
         ax.set_xlabel("BLOCK_V")
         ax.set_ylabel("num_warps")
         ax.set_title(f"{title}\nbest {best['gbps']:.0f} GB/s", fontsize=9)
-    fig.suptitle("Row kernels: GB/s moved (colour scale 0 to the HBM peak, ≈ 4800)", fontsize=10)
+    colour_bar = fig.colorbar(image, cax=axes[0][-1].inset_axes([1.04, 0.0, 0.04, 1.0]))
+    colour_bar.set_label(f"GB/s moved (0 to {HBM_PEAK_GBPS}, the H200's HBM peak)", fontsize=8)
+    colour_bar.ax.tick_params(labelsize=7)
+    fig.suptitle(f"Row kernels on a chunk of {row_kernel_shape(record)} logits: bytes moved / median time", fontsize=10)
     add_caption(fig, "Measured: " + record_caption(record))
     fig.subplots_adjust(top=0.78, wspace=0.3)
     return fig
@@ -372,14 +410,12 @@ def batch_scaling(
     hidden: int,
     vocab: int,
     mode: str = "full",
-    references: list[BenchRecord] = (),
     batches: list[int] | None = None,
 ) -> Figure:
     """Time as a multiple of the floor and peak memory against batch, for every provider at one (T, H, V).
 
     Ratios are taken against the floor of the same run (the logits GEMM alone for "forward" and
-    "eval"); references with floor rows of their own are drawn hollow and dotted. A panel with
-    nothing to draw says why instead of showing empty axes.
+    "eval"). A panel with nothing to draw says why instead of showing empty axes.
     """
     fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 5.6))
     captions, oom, handles = [], [], {}
@@ -389,12 +425,11 @@ def batch_scaling(
     def in_batches(rows):
         return sorted((r for r in rows if batches is None or r["batch"] in batches), key=lambda r: r["batch"])
 
-    def draw(source: BenchRecord, reference: bool) -> bool:
+    def draw(source: BenchRecord) -> bool:
         drawn = False
-        for provider in providers[1:] if reference else providers:  # a reference's floor is the line at 1
+        for provider in providers:
             style = STYLE["logits_gemm" if provider == "floor" and mode != "full" else provider]
-            line = {"color": style["color"], "marker": style["marker"], "linestyle": ":" if reference else "-",
-                    "markerfacecolor": "none" if reference else style["color"]}
+            line = {"color": style["color"], "marker": style["marker"], "linestyle": "-", "markerfacecolor": style["color"]}
             ratios = _x_floor(source, provider, mode, shape, batches)
             if ratios:
                 time_ax.plot(*zip(*ratios), **line)
@@ -405,17 +440,13 @@ def batch_scaling(
                 mem_ax.plot(*zip(*mem), **line)
                 drawn = True
             if ratios or mem:
-                label = style["label"] + (", reference run" if reference else "")  # the caption names its record
-                handles.setdefault(label, Line2D([], [], label=label, **line))
+                handles.setdefault(style["label"], Line2D([], [], label=style["label"], **line))
         return drawn
 
     if record is not None:
         oom = [(r["batch"], r["provider"]) for r in in_batches(record.select(mode=mode, status="oom", **shape, **UNMASKED))]
-        if draw(record, reference=False) or oom:
+        if draw(record) or oom:
             captions.append("Measured: " + record_caption(record))
-    for reference in references:
-        if draw(reference, reference=True):
-            captions.append(f"Reference: {record_caption(reference)}")
     if record is None:
         why_empty = "no GPU benchmark record in figures/data yet"
     elif oom:
@@ -519,4 +550,58 @@ def sequence_scaling(rows: list[dict], record: BenchRecord, providers: tuple[str
                  fontsize=11)
     add_caption(fig, "Measured: " + record_caption(record))
     fig.subplots_adjust(top=0.9, bottom=0.34, wspace=0.3)  # the legend goes between the axes and the caption
+    return fig
+
+
+STATS_GEMM_STYLE = {
+    "row_stats": {"color": "tab:orange", "label": "cuBLAS logits GEMM, then row_stats over its buffer"},
+    "stats_gemm": {"color": "tab:blue", "label": "statistics GEMM (Gluon): no logits stored"},
+}
+
+
+def stats_gemm_paths(predicted: list[dict], measured: list[dict] = (), record: BenchRecord | None = None) -> Figure:
+    """The row statistics of X·Wᵀ two ways, per shape, as time over cuBLAS's logits GEMM alone: the roofline's
+    prediction (``memory.statistics_gemm_prediction``, black ticks) always; the measured medians
+    (``measurements.stats_gemm_rows``, bars, with whiskers from the fastest to the slowest repetition) where the
+    record has them, the reason where it has a shape without them, and hollow bars up to the prediction where
+    nothing was measured."""
+    shapes = [(p["rows"], p["hidden"], p["vocab"]) for p in predicted]
+    by_shape = {(m["rows"], m["hidden"], m["vocab"]): m for m in measured}
+    fig, ax = plt.subplots(figsize=(8, 2.6 + 0.8 * len(shapes)))
+    height = 0.36
+    for i, (shape, prediction) in enumerate(zip(shapes, predicted)):
+        row = by_shape.get(shape, {})
+        for k, (name, style) in enumerate(STATS_GEMM_STYLE.items()):
+            y = i + (k - 0.5) * height
+            ax.plot([100 * (prediction[f"{name}_x_mm"] - 1)] * 2, [y - height / 2, y + height / 2], color="black",
+                    linewidth=2)
+            value = row.get(f"{name}_x_mm")
+            if value is None and row:
+                ax.text(0, y, f" not measured: {row.get('status')}", va="center", fontsize=7, color="0.3")
+            if value is None:
+                if not row:
+                    ax.barh(y, 100 * (prediction[f"{name}_x_mm"] - 1), height=height * 0.9, fill=False,
+                            edgecolor=style["color"], hatch="//")
+                continue
+            low, high = row[f"{name}_x_mm_min"], row[f"{name}_x_mm_max"]
+            ax.barh(y, 100 * (value - 1), height=height * 0.9, color=style["color"], alpha=0.85,
+                    xerr=[[100 * (value - low)], [100 * (high - value)]], error_kw={"linewidth": 0.8, "capsize": 2})
+            ax.text(max(0, 100 * (high - 1)), y, f"  {value:.3f}×", va="center", fontsize=7)
+    ax.axvline(0, color="0.35", linewidth=0.8)
+    ax.set_yticks(range(len(shapes)), [f"{r}×{h}×{v}" for r, h, v in shapes], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_ylabel("rows × H × V", fontsize=8)
+    ax.set_xlabel("% over cuBLAS's logits GEMM alone (same inputs, same run)")
+    ax.grid(True, axis="x", alpha=0.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=s["color"], alpha=0.85, label=s["label"]) for s in STATS_GEMM_STYLE.values()]
+    handles.append(Line2D([], [], color="black", linewidth=2, label="roofline prediction (hatched: not measured)"))
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    ax.set_title("Row statistics of X·Wᵀ: what the pass over the logits costs, and what fusing it into the GEMM buys",
+                 fontsize=9)
+    captions = [MODEL_NOTE + f"; roofline at {memory.H200_GEMM_TFLOPS:.0f} TFLOP/s, {memory.H200_ROW_KERNEL_TBPS} TB/s"]
+    if measured and record is not None:
+        captions.append("Measured: " + record_caption(record))
+    add_caption(fig, *captions)
+    # room under the axes for the legend, then the caption
+    fig.subplots_adjust(left=0.2, right=0.95, top=0.9, bottom=(1.2 + 0.13 * len(captions)) / fig.get_figheight())
     return fig

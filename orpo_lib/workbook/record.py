@@ -2,7 +2,8 @@
 
 A notebook calls ``record("max_grad_error", err, path=record_path)``; the path comes from the
 notebook's ``record_path`` parameter or, when that is empty, from ``$ORPO_RECORD_PATH``. With
-neither (an interactive session) nothing is written and the value is simply returned.
+neither (an interactive session) nothing is written. ``record`` returns None: a cell that ends in a
+call adds no ``Out[]`` copy of the value it stored to the page.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def _plain(value):
     raise TypeError(f"cannot record a {type(value).__name__}")
 
 
-def record(name: str, value, path: str | os.PathLike | None = None):
-    """Store ``value`` under ``name`` in the record file (merging with what is there); return it."""
+def record(name: str, value, path: str | os.PathLike | None = None) -> None:
+    """Store ``value`` under ``name`` in the record file (merging with what is there)."""
     target = record_path(path)
     if target is not None:
         values = load_record(target) if target.exists() else {}
@@ -50,7 +51,6 @@ def record(name: str, value, path: str | os.PathLike | None = None):
         staging = target.with_suffix(target.suffix + ".tmp")
         staging.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
         staging.replace(target)
-    return value
 
 
 def load_record(path: str | os.PathLike) -> dict:

@@ -5,12 +5,15 @@ self-contained HTML page in ``--out``: nbconvert's HTML exporter with the figure
 and no script fetched from the web (no require.js, MathJax or widget manager: the markdown has no
 maths, and there is no kernel behind the page). A widget output (a view waiting for its controls, a
 GPU button) would read as nothing there: it is replaced by a note, and what the cell printed or drew
-stays. ``index.html`` links every page with the notebook's title.
+stays. Of the cell papermill injects with the run's parameters, only what a reader needs stays: the
+runner's ``output_dir`` and ``record_path`` (absolute paths on the machine that ran it) go, and so
+does the cell when nothing else is left. ``index.html`` links every page with the notebook's title.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import html
 import sys
 from pathlib import Path
@@ -28,6 +31,8 @@ TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 """
+INJECTED_TAG = "injected-parameters"  # papermill's tag on the cell it adds after the `parameters` cell
+RUNNER_PARAMETERS = ("output_dir", "record_path")  # what notebooks.execute passes every notebook
 # `pip install --target DIR` (the GPU machine) puts nbconvert's templates in DIR/share, where Jupyter's paths do not look
 TARGET_TEMPLATES = Path(nbconvert.__file__).parents[1] / "share" / "jupyter" / "nbconvert" / "templates"
 
@@ -39,6 +44,23 @@ def without_widgets(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         if cell.cell_type == "code":
             cell.outputs = [note if WIDGET_VIEW in output.get("data", {}) else output for output in cell.outputs]
     nb.metadata.pop("widgets", None)
+    return nb
+
+
+def without_runner_parameters(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The notebook with the runner's parameters taken out of papermill's injected cell, and the cell
+    dropped when it sets nothing else."""
+    kept = []
+    for cell in nb.cells:
+        if INJECTED_TAG in cell.metadata.get("tags", []):
+            dropped = {line for node in ast.parse(cell.source).body
+                       if isinstance(node, ast.Assign) and all(getattr(t, "id", None) in RUNNER_PARAMETERS for t in node.targets)
+                       for line in range(node.lineno, node.end_lineno + 1)}
+            cell.source = "\n".join(text for line, text in enumerate(cell.source.splitlines(), 1) if line not in dropped)
+            if all(not text.strip() or text.lstrip().startswith("#") for text in cell.source.splitlines()):
+                continue
+        kept.append(cell)
+    nb.cells = kept
     return nb
 
 
@@ -82,7 +104,7 @@ def write_report(notebook_dir: str | Path, out_dir: str | Path) -> list[Path]:
                             extra_template_basedirs=target_templates, extra_template_paths=target_templates)
     pages, written = [], []
     for source in sources:
-        nb = without_widgets(nbformat.read(source, as_version=4))
+        nb = without_runner_parameters(without_widgets(nbformat.read(source, as_version=4)))
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": notebook_title(nb) or source.stem}})
         page = out / f"{source.stem}.html"
         page.write_text(body, encoding="utf-8")

@@ -284,7 +284,7 @@ def parse_args(argv, on_gpu):
     parser.add_argument("--warmup", type=int, help="steps before the timed ones")
     parser.add_argument("--max-pairs-cap", type=int, default=64, help="the max_pairs search stops here (0: no search)")
     parser.add_argument("--out", default=None,
-                        help="JSON record (default figures/data/trl-training-<device>-<date>.json)")
+                        help="JSON record (default build/trl-training-<device>-<date>.json)")
     parser.add_argument("--commit", default=None)
     args = parser.parse_args(argv)
     unknown = set(args.models.split(",")) - set(MODELS)
@@ -305,12 +305,12 @@ def main(argv=None):
     versions = {package.__name__: package.__version__ for package in (transformers, trl, accelerate, datasets)}
     record = {"provenance": {**bench.provenance(device, command, args.commit), **versions},
               "settings": dict(weights="bf16" if on_gpu else "float32", bf16=on_gpu, activation_checkpointing=True,
-                               attn_implementation="sdpa", warmup=args.warmup, steps=args.steps,
+                               attn_implementation="sdpa", warmup=args.warmup, steps=args.steps, max_pairs_cap=args.max_pairs_cap,
                                tokens_per_s="non-padding tokens per step / median step time",
                                peak_gib="torch.cuda.max_memory_allocated over the row"),
               "models": {name: {"config": MODELS[name][0].__name__, **MODELS[name][1]} for name in names},
               "rows": []}
-    out = Path(args.out) if args.out else Path("figures/data") / (
+    out = Path(args.out) if args.out else Path("build") / (
         f"trl-training-{bench.device_slug(device)}-{datetime.date.today().isoformat()}.json")
     for name in names:
         record["rows"] += model_rows(name, seqs, pairs, warmup=args.warmup, steps=args.steps,

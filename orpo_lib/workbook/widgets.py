@@ -24,9 +24,8 @@ import ipywidgets as widgets
 import torch
 
 from . import kernel_tour, memory, plots
-from .measurements import (H200_ANCHORS, NO_GPU_NOTEBOOKS_MESSAGE, NO_RECORD_MESSAGE, BenchRecord, batch_scaling_rows,
-                           beside_gpu_run, floor_mode, format_table, gpu_run_value, latest_bench_record, latest_record,
-                           latest_shapes_record, provenance_caption, record_caption, trl_training_rows, workload_rows)
+from .measurements import (NO_RECORD_MESSAGE, BenchRecord, batch_scaling_rows, floor_mode, format_table,
+                           latest_bench_record, latest_record, latest_shapes_record, provenance_caption, record_caption, trl_training_rows, workload_rows)
 
 HEADLESS_ENV = "ORPO_WORKBOOK_HEADLESS"
 POWERS_OF_TWO = [2**k for k in range(1, 8)]
@@ -94,7 +93,7 @@ def show_batch_scaling(seq: int, hidden: int, vocab: int, mode: str = "full", la
 
     Prints the memory model's peaks, then, where the newest benchmark record has the workload
     (every token counted), each provider's median, its ratio to the floor of the same run and its
-    measured peak; the figure adds the published references.
+    measured peak.
     """
     batches = batch_sizes_up_to(largest_batch)
     with_grad = mode != "eval"
@@ -117,8 +116,7 @@ def show_batch_scaling(seq: int, hidden: int, vocab: int, mode: str = "full", la
         print(record_caption(record))
         print(format_table(measured, ["batch", "provider", "median_ms", "x_floor", "peak_over_inputs_gib", "status"],
                            {"median_ms": ".2f", "x_floor": ".3f", "peak_over_inputs_gib": ".2f"}))
-    references = [H200_ANCHORS] if mode == "full" else []  # references need floor rows of their own
-    fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode=mode, references=references, batches=batches)
+    fig = plots.batch_scaling(record, seq=seq, hidden=hidden, vocab=vocab, mode=mode, batches=batches)
     plots.show_figure(fig, output_dir, f"batch-scaling-{mode}-T{seq}")
     return {
         "record": None if record is None else record.source,
@@ -284,7 +282,7 @@ def show_workload_record(preset: str, modes: tuple[str, ...] = ("full",), output
     floor and each provider's ratio to it and peak; with several sequence lengths, their figure too."""
     record = latest_shapes_record(preset, data_dir)
     if record is None:
-        print(f"No shapes-*-{preset}.json record in figures/data.")
+        print(f"No {preset}-*.json record in figures/data.")
         return {"record": None, "rows": []}
     rows = [row for mode in modes for row in workload_rows(record, mode=mode)]
     print(f"{preset}: {record_caption(record)}")
@@ -316,17 +314,18 @@ def show_trl_training(data_dir=None) -> dict:
     return {"record": record["source"], "rows": rows}
 
 
-def show_beside_gpu_run(stem: str, name: str, recorded: list[dict], recorded_caption: str, keys: list[str], values: list[str],
-                        data_dir=None) -> list[dict]:
-    """The recorded rows beside those notebook ``stem`` measured under ``name`` when it last ran on a GPU
-    (``gpu_notebooks``, committed to figures/data); says so when it has not."""
-    gpu_run = gpu_run_value(stem, name, data_dir)
-    if gpu_run is None:
-        print(NO_GPU_NOTEBOOKS_MESSAGE)
-        return []
-    caption, executed = gpu_run
-    rows = beside_gpu_run(recorded, executed or [], keys, values)
-    print(f"recorded_*: {recorded_caption}\ngpu_run_*: this notebook executed with run_gpu=True, {caption}")
-    columns = keys + [f"{prefix}_{v}" for v in values for prefix in ("recorded", "gpu_run")]
-    print(format_table(rows, columns, {c: ".3f" for c in columns[len(keys):]}))
-    return rows
+def show_cards(**records) -> dict:
+    """Which card each named record was measured on (a BenchRecord or a ``latest_record`` dict; None for one
+    missing): one line per card, so that a notebook says where its numbers come from."""
+    cards: dict = {}
+    for name, record in records.items():
+        if record is None:
+            continue
+        provenance, source = (record.provenance, record.source) if isinstance(record, BenchRecord) else (
+            record["provenance"], record["source"])
+        cards.setdefault(provenance.get("gpu") or "unknown GPU", []).append(f"{name} ({source})")
+    if not cards:
+        print(NO_RECORD_MESSAGE)
+    for card, names in cards.items():
+        print(f"Measured on one {card}: {', '.join(names)}")
+    return cards

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import orpo_lib
-from orpo_lib import chunked
+from orpo_lib.chunked import steps
 from orpo_lib.vocab_parallel import vocab_parallel_orpo_loss
 
 from test_data_parallel import _free_port, _shared_test_helpers, run_spawned
@@ -58,13 +58,13 @@ def _worker(rank, world, port, out_dir):
             shard.grad /= 2
             results[case] = {**{m: getattr(out, m).detach() for m in METRICS}, "dx": hidden.grad, "dw": shard.grad}
         rewrites = []
-        real_row_grads, chunked.row_grads = chunked.row_grads, lambda *a, **k: rewrites.append(1)
+        real_row_grads, steps.row_grads = steps.row_grads, lambda *a, **k: rewrites.append(1)
         try:
             with torch.no_grad():  # no gradient pass, the same loss
                 no_grad = vocab_parallel_orpo_loss(hidden, shard, p["target"], nll_target=p["nll_target"], chunk_size=10,
                                                    **logits)
         finally:
-            chunked.row_grads = real_row_grads
+            steps.row_grads = real_row_grads
         assert torch.equal(no_grad.loss, out.loss.detach()) and rewrites == []
         bad = problem("nll on the target")["target"].clone()
         bad[0, 0] = 517  # out of the global vocabulary, though some rank's shard is smaller

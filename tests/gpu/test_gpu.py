@@ -236,15 +236,15 @@ def test_eval_statistics_in_gemm(monkeypatch, statistics_gemm_anywhere, labels, 
     """Without gradients on Hopper at a large vocabulary, the row statistics come from inside the logits GEMM
     (no logits buffer): loss and metrics within 1.5× the materialising baseline's error against float64, equal
     to the buffer path's up to bf16 rounding of single logits, the same bits twice; bad labels still raise."""
-    from orpo_lib import chunked
+    from orpo_lib.chunked import planning
 
     problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=5,
                            ignored_fraction=0.25)
     if labels == "trl":
         problem = with_trl_labels(problem, [200, 350, 100, 500], [0, 50, 20, 0], seed=5)
     taken = []
-    real = chunked.statistics_in_gemm
-    monkeypatch.setattr(chunked, "statistics_in_gemm", lambda *a: taken.append(real(*a)) or taken[-1])
+    real = planning.statistics_in_gemm
+    monkeypatch.setattr(planning, "statistics_in_gemm", lambda *a: taken.append(real(*a)) or taken[-1])
     ref = orpo_lib.orpo_loss_reference(problem["hidden"].double(), problem["weight"].double(), problem["target"],
                                        nll_target=problem["nll_target"])
 
@@ -257,7 +257,7 @@ def test_eval_statistics_in_gemm(monkeypatch, statistics_gemm_anywhere, labels, 
     with torch.no_grad():
         baseline = orpo_lib.orpo_loss_baseline(problem["hidden"], problem["weight"], problem["target"],
                                                nll_target=problem["nll_target"])
-    monkeypatch.setattr(chunked, "statistics_in_gemm", lambda *a: False)
+    monkeypatch.setattr(planning, "statistics_in_gemm", lambda *a: False)
     buffered = run()
     # Relative errors, but absolute ones for the logit means: a mean of logits of either sign is near 0.
     err = {"abs": lambda a, b: (torch.as_tensor(a).double().cpu() - torch.as_tensor(b).double().cpu()).abs().max().item(),
@@ -274,7 +274,7 @@ def test_eval_statistics_in_gemm(monkeypatch, statistics_gemm_anywhere, labels, 
         assert to_float64 <= max(1.5 * baseline_to_float64, 1e-4) and to_buffer_path < 1e-3, (name, errs)
     bad = problem["target"].clone()
     bad[1, 3] = problem["weight"].shape[0]
-    monkeypatch.setattr(chunked, "statistics_in_gemm", real)
+    monkeypatch.setattr(planning, "statistics_in_gemm", real)
     with torch.no_grad(), pytest.raises(ValueError, match="outside"):
         orpo_lib.fused_linear_orpo_loss(problem["hidden"], problem["weight"], bad)
 
@@ -341,12 +341,12 @@ def test_bf16_logit_transforms_no_worse_than_baseline(monkeypatch, transform, pa
 def test_eval_with_a_logit_transform_keeps_the_buffer(monkeypatch, statistics_gemm_anywhere):
     """The statistics GEMM reduces the head's logits as they are: a call with a scale or a cap takes the buffer
     path, where the row kernels apply them, even where the GEMM would be taken otherwise."""
-    from orpo_lib import chunked
+    from orpo_lib.chunked import planning
 
     problem = make_problem(4, 700, 512, 65536 + 7, dtype=torch.bfloat16, device="cuda", logit_scale=4.0, seed=6)
     taken = []
-    real = chunked.statistics_in_gemm
-    monkeypatch.setattr(chunked, "statistics_in_gemm", lambda *a: taken.append(real(*a)) or taken[-1])
+    real = planning.statistics_in_gemm
+    monkeypatch.setattr(planning, "statistics_in_gemm", lambda *a: taken.append(real(*a)) or taken[-1])
     ref = orpo_lib.orpo_loss_reference(problem["hidden"].double(), problem["weight"].double(), problem["target"],
                                        logit_softcap=2.0)
     with torch.no_grad():

@@ -9,6 +9,7 @@ import torch
 from conftest import compile_in_fresh_process
 
 gluon_gemm = pytest.importorskip("orpo_lib.kernels.gluon_gemm", reason="needs triton.experimental.gluon (triton 3.6)")
+gluon_pipeline = pytest.importorskip("orpo_lib.kernels.gluon_pipeline")
 
 H200_SMEM_BYTES = 232448  # 227 KiB of opt-in shared memory per block on sm_90
 
@@ -39,5 +40,5 @@ def test_compiles_with_wgmma_in_the_worker(out_dtype):
 ])
 def test_shape_rules(M, N, K, out_dtype, match):
     with pytest.raises(ValueError, match=match):
-        gluon_gemm.check_supported(M, N, K, torch.bfloat16, out_dtype)
-    gluon_gemm.check_supported(1000, 776, 1000, torch.bfloat16, out_dtype)  # awkward but supported
+        gluon_pipeline.check_tma_shapes("gluon_gemm", M, N, K, torch.bfloat16, out_dtype)
+    gluon_pipeline.check_tma_shapes("gluon_gemm", 1000, 776, 1000, torch.bfloat16, out_dtype)  # awkward but supported

@@ -89,9 +89,8 @@ def test_statistics_in_gemm_only_where_measured_faster(capability, device, dtype
 
 
 def test_cpu_calls_keep_the_logits_buffer():
-    from orpo_lib import chunked
-    from orpo_lib.chunked import Options
+    from orpo_lib.chunked import planning
 
-    opts = Options(0.1, True, None, True, False, False, False, False)
+    opts = planning.Options(0.1, True, None, True, False, False, False, False)
     hidden, weight = torch.empty(2, 3, 8, dtype=torch.bfloat16), torch.empty(70000, 8, dtype=torch.bfloat16)
-    assert not chunked.statistics_in_gemm(hidden, weight, None, None, opts)  # (on the CPU the counts are never consulted)
+    assert not planning.statistics_in_gemm(hidden, weight, None, None, opts)  # (on the CPU the counts are never consulted)

@@ -43,5 +43,5 @@ def test_importing_the_loss_loads_no_workbook_module_or_dependency():
 def test_the_scan_sees_relative_imports():
     # the workbook's own modules import the loss relatively: the scan must resolve them
     assert "orpo_lib.fused" in imported_modules(PACKAGE / "workbook" / "bench.py")
-    assert "orpo_lib.kernels" in imported_modules(PACKAGE / "chunked.py")
+    assert "orpo_lib.kernels" in imported_modules(PACKAGE / "chunked" / "steps.py")
     assert "orpo_lib.kernels.numerics" in imported_modules(PACKAGE / "kernels" / "row_stats.py")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import orpo_lib
-from orpo_lib import chunked, fused, schedule
+from orpo_lib import fused, schedule
+from orpo_lib.chunked import driver, dropped, gemms, planning, steps
 from orpo_lib.schedule import plan_chunks
 from orpo_lib.validation import count_tokens
 from conftest import make_problem, reference_with_grads, rel_err, run_with_grads
@@ -139,8 +140,8 @@ def test_every_token_kept_in_token_or_pair_order(batch, chunk_size, token_order)
     (token order); several groups gather and scatter rows in pair order. Same results either way."""
     problem = make_problem(batch, 7, 48, 517, ignored_fraction=0.0, with_bias=True, seed=batch + (chunk_size or 0))
     counts = count_tokens(problem["target"], None, 517, -100, True)
-    opts = chunked.Options(0.1, True, chunk_size, True, True, True, True, single_block=False)
-    assert chunked.make_plan(problem["hidden"], 517, counts, opts).token_order == token_order
+    opts = planning.Options(0.1, True, chunk_size, True, True, True, True, single_block=False)
+    assert planning.make_plan(problem["hidden"], 517, counts, opts).token_order == token_order
     ref, ref_grads = reference_with_grads(problem)
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem, upstream=0.75, chunk_size=chunk_size)
     assert_matches_reference(out, {k: g / 0.75 for k, g in grads.items()}, ref, ref_grads, TOLERANCE[torch.float32])
@@ -160,13 +161,13 @@ def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fr
     after the GEMMs. With gradients or without, dropped tokens or not, the result is the reference's."""
     problem = make_problem(4, 7, 48, 517, ignored_fraction=ignored_fraction, seed=9)
     monkeypatch.setattr(schedule, "early_rows", lambda *args: early_rows)
-    steps = []
-    # (at this odd vocabulary a logits GEMM is two torch.mm: chunked.gemm_head)
-    linear = chunked.linear_into
-    monkeypatch.setattr(chunked, "linear_into", lambda *args: steps.append("mm") or linear(*args))
-    read, allocate = fused.read_counts, chunked.new_token_stats
-    monkeypatch.setattr(fused, "read_counts", lambda *args: steps.append("read") or read(*args))
-    monkeypatch.setattr(chunked, "new_token_stats", lambda *args: steps.append("allocate") or allocate(*args))
+    events = []
+    # (at this odd vocabulary a logits GEMM is two torch.mm: gemms.gemm_head)
+    linear = gemms.linear_into
+    monkeypatch.setattr(gemms, "linear_into", lambda *args: events.append("mm") or linear(*args))
+    read, allocate = fused.read_counts, steps.new_token_stats
+    monkeypatch.setattr(fused, "read_counts", lambda *args: events.append("read") or read(*args))
+    monkeypatch.setattr(steps, "new_token_stats", lambda *args: events.append("allocate") or allocate(*args))
     ref, ref_grads = reference_with_grads(problem)
     if with_grad:
         out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
@@ -179,26 +180,26 @@ def test_first_gemm_is_queued_before_the_counts_are_read(monkeypatch, ignored_fr
         first = ["mm", "read", "mm"]
     else:  # every row would be early: a call bound by the host, which reads the counts back first
         first = ["read", "mm"]
-    assert steps[:len(first) + 1] == first + ["allocate"] and steps.count("allocate") == 1, steps
+    assert events[:len(first) + 1] == first + ["allocate"] and events.count("allocate") == 1, events
 
 
-@pytest.mark.parametrize("early_rows, dropped", [(5, "many"), (1000, "many"), (5, "three")])
-def test_dropped_logit_sums_from_the_gemm_or_from_w(monkeypatch, early_rows, dropped):
+@pytest.mark.parametrize("early_rows, dropped_tokens", [(5, "many"), (1000, "many"), (5, "three")])
+def test_dropped_logit_sums_from_the_gemm_or_from_w(monkeypatch, early_rows, dropped_tokens):
     """The logit means count the dropped tokens: from rows appended to a single block's GEMM after the early
     rows, or from W's row sum where there are no early rows (a call with no more rows than them) or the buffer
     has no room for those rows (fewer than four tokens dropped). With a bias, against the reference."""
-    if dropped == "many":
+    if dropped_tokens == "many":
         problem = make_problem(4, 9, 48, 517, ignored_fraction=0.4, with_bias=True, with_nll_target=True, seed=21)
     else:
         problem = make_problem(4, 9, 48, 517, ignored_fraction=0.0, with_bias=True, seed=21)
         problem["target"][:3, 0] = -100
     monkeypatch.setattr(schedule, "early_rows", lambda *args: early_rows)
-    from_w, row_sums = [], chunked.dropped_logit_sums
-    monkeypatch.setattr(chunked, "dropped_logit_sums", lambda *args: from_w.append(1) or row_sums(*args))
+    from_w, row_sums = [], dropped.dropped_logit_sums
+    monkeypatch.setattr(dropped, "dropped_logit_sums", lambda *args: from_w.append(1) or row_sums(*args))
     ref, ref_grads = reference_with_grads(problem)
     out, grads = run_with_grads(orpo_lib.fused_linear_orpo_loss, problem)
     assert_matches_reference(out, grads, ref, ref_grads, TOLERANCE[torch.float32])
-    assert len(from_w) == (0 if (early_rows, dropped) == (5, "many") else 1)
+    assert len(from_w) == (0 if (early_rows, dropped_tokens) == (5, "many") else 1)
 
 
 @pytest.mark.parametrize("chunk_size", [None, 6])  # one block, overlapped; several blocks (unaffected)
@@ -242,7 +243,7 @@ def test_bad_labels_raise_after_the_early_gemm_and_change_nothing(monkeypatch):
     target[1, 2] = 517
     hidden, weight = problem["hidden"].requires_grad_(), problem["weight"].requires_grad_()
     early = []
-    monkeypatch.setattr(chunked, "early_logits", lambda *args, _early=chunked.early_logits: early.append(1) or _early(*args))
+    monkeypatch.setattr(driver, "early_logits", lambda *args, _early=driver.early_logits: early.append(1) or _early(*args))
     with pytest.raises(ValueError, match="target holds 1 token id"):
         orpo_lib.fused_linear_orpo_loss(hidden, weight, target).loss.backward()
     assert hidden.grad is None and weight.grad is None

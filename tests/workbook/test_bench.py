@@ -213,3 +213,60 @@ def test_busy_gpu_queues_the_stand_in_before_each_timed_call(monkeypatch):
     assert calls == ["call", "call"] + ["lead", "call"] * 3  # before the peak, warm-up, then the timed calls
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         bench.main(["--busy-gpu", "--providers", "floor", "--modes", "full"])
+
+
+def test_stats_gemm_sweep_on_cpu_times_the_buffer_paths_and_skips_the_gluon_kernel(tmp_path):
+    from synthetic_records import stats_gemm_row
+
+    record = bench.main(["--shapes", "2x4", "--hidden", "16", "--vocab", "64", "--reps", "2", "--warmup", "0",
+                         "--providers", "fused", "--modes", "eval", "--sweeps", "stats_gemm", "--out", str(tmp_path / "r.json")])
+    (row,) = record["sweeps"]["stats_gemm"]
+    rows, hidden, vocab = bench.STATS_GEMM_CPU_SHAPES[0]
+    assert (row["rows"], row["hidden"], row["vocab"], row["dtype"]) == (rows, hidden, vocab, "fp32")
+    assert row["status"] == "unsupported" and row["error"] is None and row["in_library"] is False and row["reps"] == 2
+    for path in ("cublas_mm", "cublas_row_stats"):
+        assert 0 < row[f"{path}_min_ms"] <= row[f"{path}_ms"] <= row[f"{path}_max_ms"]
+    assert row["stats_gemm_ms"] is None and row["lse_max_abs_diff"] is None and row["logp_max_abs_diff"] is None
+    # fp32 logits written (and read back by row_stats); the partials: 3 float32 per row and 128-column tile, 2 per row
+    logits, partials = rows * vocab * 4, rows * 4 * (3 * -(-vocab // 128) + 2)
+    assert [(row[f"{p}_written_bytes"], row[f"{p}_read_bytes"]) for p in bench.STATS_GEMM_PATHS] == [
+        (logits, 0), (logits, logits), (partials, partials)]
+    # the synthetic record the notebook tests read has the same row format
+    assert set(row) == set(stats_gemm_row(rows, hidden, vocab, 1.0, 1.0, 1.0, False))
+
+
+def _statistics_from_a_buffer(shift_lse=0.0, shift_nll_logp=0.0, calls=None):
+    """A stand-in for the Gluon statistics GEMM on the CPU: row_stats over X·Wᵀ, its outputs then shifted."""
+    def call(x, weight, target, nll_target, token, stats):
+        if calls is not None:
+            calls.append(len(x))
+        orpo_lib.kernels.row_stats(x @ weight.t(), target, nll_target, token, *stats)
+        stats[3].add_(shift_lse)
+        stats[1].sub_(shift_nll_logp)
+    return call
+
+
+def test_stats_gemm_sweep_checks_and_times_the_statistics_gemm_where_it_runs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "stats_gemm_supported", lambda device, dtype: True)
+    monkeypatch.setattr(bench, "stats_gemm_call", _statistics_from_a_buffer(0.25, 0.5, calls))
+    (row,) = bench.stats_gemm_sweep(torch.device("cpu"), [(6, 16, 48)], "fp32", warmup=1, reps=2)
+    assert row["status"] == "ok" and row["error"] is None
+    assert row["lse_max_abs_diff"] == pytest.approx(0.25, abs=1e-5)
+    assert row["logp_max_abs_diff"] == pytest.approx(0.5, abs=1e-5)  # the larger of the two log-probs' differences
+    assert calls == [6] * 4  # the check, one warm-up and two timed repetitions
+    for path in bench.STATS_GEMM_PATHS:
+        assert 0 < row[f"{path}_min_ms"] <= row[f"{path}_ms"] <= row[f"{path}_max_ms"]
+
+
+def test_a_failing_statistics_gemm_leaves_the_buffer_paths_timed(monkeypatch):
+    def fails(*args):
+        raise RuntimeError("no wgmma here")
+
+    monkeypatch.setattr(bench, "stats_gemm_supported", lambda device, dtype: True)
+    monkeypatch.setattr(bench, "stats_gemm_call", fails)
+    odd, aligned = bench.stats_gemm_sweep(torch.device("cpu"), [(6, 16, 50), (6, 16, 48)], "fp32", warmup=0, reps=1)
+    assert odd["status"] == "error" and "multiple of 16" in odd["error"] and odd["cublas_mm_ms"] is None
+    assert aligned["status"] == "error" and "no wgmma here" in aligned["error"]
+    assert aligned["stats_gemm_ms"] is None and aligned["lse_max_abs_diff"] is None
+    assert aligned["cublas_mm_ms"] > 0 and aligned["cublas_row_stats_ms"] > 0

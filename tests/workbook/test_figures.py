@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 
-from orpo_lib.workbook import figures, measurements
+from orpo_lib.workbook import figures, measurements, plots
 
 PROVENANCE = {"gpu": "Test GPU X1", "torch": "9.9", "triton": "9.9", "liger": None, "date": "2000-01-01",
               "commit": "feedfacecafe0123", "command": "python -m orpo_lib.workbook.bench --sweeps chunk,stages,row_kernel"}
@@ -33,12 +34,14 @@ def synthetic_record(tmp_path):
         "chunk": [{"chunk_size": c, "fp32_weight_grad": f, "median_ms": 150.0, "peak_over_inputs_gib": 1.0 + c / 4096, "status": "ok"}
                   for c in (1024, 4096) for f in (True, False)],
         "stages": [{"stage": "logits GEMM", "median_ms": 25.0, "min_ms": 24.0, "max_ms": 26.0, "chunk_rows": 4096}],
-        "row_kernel": [{"kernel": k, "block_v": b, "num_warps": w, "median_ms": 1.0, "gbps": 3000.0 + b / 10}
-                       for k in ("stats", "grads") for b in (2048, 4096) for w in (4, 8)],
+        # a 4096-row chunk of bf16 logits, read once ("stats") or read and written ("grads")
+        "row_kernel": [{"kernel": k, "block_v": b, "num_warps": w, "gbps": 3000.0 + b / 10,
+                        "median_ms": passes * 4096 * 128256 * 2 / ((3000.0 + b / 10) * 1e6)}
+                       for k, passes in (("stats", 1), ("grads", 2)) for b in (2048, 4096) for w in (4, 8)],
     }
     data = tmp_path / "data"
     data.mkdir()
-    (data / "bench-2000-01-01-test.json").write_text(json.dumps({"provenance": PROVENANCE, "results": results, "sweeps": sweeps}))
+    (data / "seed-shapes-test.json").write_text(json.dumps({"provenance": PROVENANCE, "results": results, "sweeps": sweeps}))
     return data
 
 
@@ -60,8 +63,11 @@ def test_model_figures_carry_model_and_measurement_provenance(tmp_path):
     empty.mkdir()
     figures.build_figures(empty, tmp_path / "out")
     svg = (tmp_path / "out" / "memory-vs-batch-T4096.svg").read_text()
-    assert "orpo_lib.workbook.memory" in svg
-    assert "NVIDIA H200" in svg and "2026-12-02" in svg and "anchors-2026-12-02-h200.json" in svg
+    assert "orpo_lib.workbook.memory" in svg and "NVIDIA" not in svg  # no record: the model alone
+    figures.build_figures(None, tmp_path / "measured")
+    svg = (tmp_path / "measured" / "memory-vs-batch-T4096.svg").read_text()
+    record = measurements.latest_bench_record()
+    assert "orpo_lib.workbook.memory" in svg and record.provenance["gpu"] in svg and "seed-shapes-" in svg
 
 
 def test_committed_data_gives_every_figure_with_short_captions(tmp_path):
@@ -79,7 +85,7 @@ def test_committed_data_gives_every_figure_with_short_captions(tmp_path):
     caption = f"commit {record.provenance['commit'][:7]} ({record.source.split(', ')[0]}"
     assert caption in (tmp_path / "out" / "batch-scaling-full-T4096.svg").read_text()
     assert "B=8, T=4096" in (tmp_path / "out" / "chunk-pareto.svg").read_text()
-    assert "mask-2026-12-03-h200.json" in (tmp_path / "out" / "mask-prompt-half.svg").read_text()
+    assert "mask-h200.json" in (tmp_path / "out" / "mask-prompt-half.svg").read_text()
 
 
 def test_a_record_adds_measured_figures_with_its_provenance(synthetic_record, tmp_path):
@@ -107,7 +113,7 @@ def test_cli_writes_into_the_given_folder(synthetic_record, tmp_path):
 
 def test_a_gpu_record_wins_over_a_newer_cpu_record(synthetic_record):
     cpu = {"provenance": {**PROVENANCE, "gpu": "CPU (x86_64)", "date": "2099-01-01"}, "results": [], "sweeps": {}}
-    (synthetic_record / "bench-2099-01-01-cpu.json").write_text(json.dumps(cpu))
+    (synthetic_record / "seed-shapes-cpu.json").write_text(json.dumps(cpu))
     assert measurements.latest_bench_record(synthetic_record).provenance["gpu"] == "Test GPU X1"
 
 
@@ -118,3 +124,43 @@ def test_the_workbook_imports_without_the_repositorys_data(tmp_path):
     code = ("import orpo_lib.workbook.measurements as m; "
             "assert m.H200_ANCHORS.results == [] and 'not found' in m.H200_ANCHORS.source, m.H200_ANCHORS")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+
+
+def test_the_row_kernel_heatmap_names_its_shape_and_has_a_colour_bar(synthetic_record, tmp_path):
+    figures.build_figures(synthetic_record, tmp_path / "out")
+    svg = (tmp_path / "out" / "row-kernel.svg").read_text()
+    assert "4096 rows × V=128256, bf16" in svg
+    assert "GB/s moved (0 to 4800" in svg
+    fig = plots.row_kernel_heatmap(measurements.load_bench_record(next(synthetic_record.glob("seed-shapes-*.json"))))
+    (colour_bar,) = fig.axes[-1].child_axes  # beside the last heatmap
+    assert colour_bar.get_ylabel().startswith("GB/s moved") and colour_bar.get_ylim() == (0, 4800)
+    plt.close(fig)
+
+
+def _labelled_ticks(axis):
+    low, high = axis.get_view_interval()
+    return [axis.get_major_formatter()(v) for v in axis.get_majorticklocs() if low <= v <= high]
+
+
+@pytest.mark.parametrize("mode", ["full", "forward", "eval"])
+def test_the_batch_scaling_memory_panel_labels_several_plain_ticks(mode):
+    record = measurements.latest_bench_record()
+    fig = plots.batch_scaling(record, seq=1024, hidden=4096, vocab=128256, mode=mode)
+    fig.canvas.draw()
+    labels = _labelled_ticks(fig.axes[1].yaxis)
+    assert len(labels) >= 3 and all(label and "$" not in label for label in labels), labels
+    assert _labelled_ticks(fig.axes[1].xaxis) == ["2", "4", "8", "16"]
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(("low", "high", "expected"), [(2.2, 4.8, ["3", "4"]), (1.6, 7.0, ["2", "3", "5"]),
+                                                       (0.4, 60.0, ["0.5", "1", "2", "5", "10", "20", "50"])])
+def test_plain_log_axis_labels_a_short_range_more_finely(low, high, expected):
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [low, high])
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    plots.plain_log_axis(ax.yaxis)
+    fig.canvas.draw()
+    assert _labelled_ticks(ax.yaxis) == expected
+    plt.close(fig)

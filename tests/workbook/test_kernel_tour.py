@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from orpo_lib import chunked, schedule
+from orpo_lib import schedule
+from orpo_lib.chunked import planning as chunked  # (Options, make_plan)
 from orpo_lib.validation import count_tokens
 from orpo_lib.workbook import kernel_tour, memory, plots
 

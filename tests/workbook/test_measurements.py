@@ -1,61 +1,64 @@
-"""The measurement tables of the statistics GEMM: what the kernel-tuning notebook shows from its records."""
+"""The workbook's readers of benchmark records: the seed-shapes record and its statistics-GEMM sweep, TRL training."""
 
 import json
 
 import pytest
 
-from orpo_lib.workbook import measurements
+from orpo_lib.workbook import bench, measurements
+from synthetic_records import GPU, STATS_GEMM_TIMES, seed_shapes_record, stats_gemm_row, write_seed_shapes_record
 
 
-def test_statistics_gemm_and_eval_tables(tmp_path):
-    (tmp_path / "stats-gemm-2026-01-01-x.json").write_text(json.dumps({"provenance": {}, "results": [
-        {"rows": 8, "hidden": 16, "vocab": 32, "cublas_mm_ms": 2.0, "gluon_mm_ms": 2.2, "mm_plus_row_stats_ms": 2.5,
-         "stats_wg1_s16_ms": 3.0, "stats_wg2_s16_ms": 2.4, "stats_wg2_s16_all_ms": 2.6, "stats_wg2_s16_store_ms": 2.0}]}))
-    probe = measurements.latest_record("stats-gemm-2*.json", tmp_path)
-    assert probe["source"] == "stats-gemm-2026-01-01-x.json"
-    (row,) = measurements.statistics_gemm_rows(probe)
-    assert row["gluon_gemm"] == pytest.approx(1.1) and row["stats_gemm"] == pytest.approx(1.2)
-    assert row["stats_gemm+store"] == pytest.approx(0.8)  # over cuBLAS + row_stats
-    shape = {"batch": 2, "seq": 4, "hidden": 16, "vocab": 32}
-    result = lambda provider, ms, peak: {"provider": provider, "mode": "eval", **shape, "median_ms": ms,
-                                         "peak_over_inputs_gib": peak}
-    record = measurements.BenchRecord({}, [result("floor", 2.0, 0.0), result("fused", 2.2, 0.1),
-                                           result("before", 2.4, 1.0), result("fused", 9.0, 9.0) | {"mode": "full"}])
-    assert measurements.before_after_rows(record) == [
-        {**shape, "fused": pytest.approx(1.1), "before": pytest.approx(1.2), "fused_peak_gib": 0.1, "before_peak_gib": 1.0}]
-    assert measurements.latest_record("nothing-*.json", tmp_path) is None
+def test_the_seed_record_is_the_newest_seed_shapes_file_and_names_its_gpu(tmp_path):
+    assert measurements.latest_seed_record(tmp_path) is None
+    (tmp_path / "bench-2026-12-09-h200.json").write_text(json.dumps(seed_shapes_record("NVIDIA H200")))
+    write_seed_shapes_record(tmp_path)
+    record = measurements.latest_seed_record(tmp_path)
+    assert record.source == "seed-shapes-h200.json" and record.provenance["gpu"] == GPU
+    sentence = measurements.measured_on(record)
+    assert sentence.startswith(f"Every measured number below comes from one run on one GPU, {GPU}: torch ")
+    assert sentence.count(GPU) == 1 and "seed-shapes-h200.json" in sentence and "commit 0123abc" in sentence
 
 
-def test_busy_idle_rows_read_both_records_of_an_a_b_run(tmp_path):
-    shape = {"batch": 2, "seq": 4, "hidden": 16, "vocab": 32, "mask": "none"}
-    for scenario, fused_ms in (("busy", 2.2), ("idle", 2.6)):
-        results = [{"provider": p, "mode": "full", **shape, "median_ms": ms, "peak_over_inputs_gib": 0.5}
-                   for p, ms in (("floor", 2.0), ("fused", fused_ms), ("before", 3.0))]
-        (tmp_path / f"ab-x-2026-01-01-g-abc-{scenario}.json").write_text(json.dumps(
-            {"provenance": {"gpu": "G", "commit": "abc"}, "results": results}))
-    rows, captions = measurements.busy_idle_rows("ab-x-*-{scenario}.json", data_dir=tmp_path)
-    assert [(r["scenario"], r["fused"], r["before"]) for r in rows] == [
-        ("busy", pytest.approx(1.1), pytest.approx(1.5)), ("idle", pytest.approx(1.3), pytest.approx(1.5))]
-    assert [c.split(":")[0] for c in captions] == ["busy", "idle"]
-    assert measurements.busy_idle_rows("ab-none-*-{scenario}.json", data_dir=tmp_path) == ([], [])
+def test_stats_gemm_rows_are_the_sweep_over_cublas():
+    record = measurements.BenchRecord(*(seed_shapes_record()[k] for k in ("provenance", "results", "sweeps")))
+    rows = measurements.stats_gemm_rows(record)
+    assert [(r["rows"], r["hidden"], r["vocab"]) for r in rows] == list(STATS_GEMM_TIMES)
+    # on an H200 the rule takes no-grad calls of at least 8192 rows at V >= 65536
+    assert [r["in_library"] for r in rows] == [False, True, True]
+    for row, (mm, buffer, gemm) in zip(rows, STATS_GEMM_TIMES.values()):
+        assert row["cublas_mm_ms"] == mm and row["status"] == "ok"
+        assert row["row_stats_x_mm"] == pytest.approx(buffer / mm) and row["stats_gemm_x_mm"] == pytest.approx(gemm / mm)
+        assert row["stats_gemm_x_mm_min"] == pytest.approx(0.995 * gemm / mm)
+        assert row["stats_gemm_x_row_stats"] == pytest.approx(gemm / buffer)
+        # the logits written and read back (bf16), less the partials: 3 float32 per 128-column tile and 2 per row
+        tiles = -(-row["vocab"] // 128)
+        assert row["gb_not_moved"] == pytest.approx(2 * row["rows"] * (row["vocab"] * 2 - 4 * (3 * tiles + 2)) / 1e9)
+    # ranges of ±0.5 %: 6.7 against 6.8 ms does not overlap, 17.0 against 16.5 neither
+    assert [r["against_row_stats"] for r in rows] == ["faster", "faster", "slower"]
 
 
-def test_softmax_mm_table():
-    probe = {"results": [{"rows": 8, "hidden": 16, "vocab": 32, "cublas_dx_ms": 2.0, "half_row_grads_ms": 0.5,
-                          "three_rings_no_transform_ms": 2.4, "three_rings_no_exp_ms": 3.0, "three_rings_ms": 4.0,
-                          "softmax_mm_ms": 3.8}]}
-    (row,) = measurements.softmax_mm_rows(probe)
-    assert row == {"rows": 8, "hidden": 16, "vocab": 32, "cublas_dx_ms": 2.0, "break_even": pytest.approx(1.25),
-                   "skeleton": pytest.approx(1.2), "round_trip": pytest.approx(1.5), "three_rings": pytest.approx(2.0),
-                   "softmax_mm": pytest.approx(1.9)}
+def test_stats_gemm_verdict_compares_the_rule_with_the_measurement():
+    level = stats_gemm_row(8192, 4096, 128256, 10.0, 10.5, 10.52, False)  # ranges overlap: level
+    unsupported = stats_gemm_row(8192, 1024, 32000, 2.0, 2.2, 2.1, False) | {"status": "unsupported"}
+    for key in ("stats_gemm_ms", "stats_gemm_min_ms", "stats_gemm_max_ms"):
+        unsupported[key] = None
+    rows = measurements.stats_gemm_rows(measurements.BenchRecord({}, [], {"stats_gemm": [
+        *seed_shapes_record()["sweeps"]["stats_gemm"], level, unsupported]}))
+    assert rows[3]["against_row_stats"] == "level" and rows[4]["against_row_stats"] is None
+    assert rows[4]["stats_gemm_x_mm"] is None and rows[4]["row_stats_x_mm"] == pytest.approx(1.1)
+    verdict = measurements.stats_gemm_verdict(rows)
+    assert (verdict["shapes"], verdict["measured"]) == (5, 4)
+    assert verdict["faster_or_level"] == ["16384×4096×128256", "4096×4096×128256", "8192×4096×128256"]
+    assert verdict["in_library"] == ["16384×2048×151936", "16384×4096×128256"]
+    assert verdict["differ"] == ["16384×2048×151936", "4096×4096×128256", "8192×4096×128256"]
 
 
-def test_small_call_table():
-    result = lambda variant, scenario, ms: {"shape": "2x4", "variant": variant, "scenario": scenario, "median_ms": ms}
-    record = {"provenance": {"gpu": "G"}, "results": [result("floor", "idle", 2.0), result("floor", "busy", 1.6),
-                                                       result("fused", "idle", 2.2), result("fused", "busy", 2.0)]}
-    assert measurements.small_call_rows(record) == [
-        {"gpu": "G", "shape": "2x4", "fused_idle": pytest.approx(1.1), "fused_busy": pytest.approx(1.25)}]
+def test_row_kernel_point_finds_the_library_launch():
+    record = measurements.BenchRecord(*(seed_shapes_record()[k] for k in ("provenance", "results", "sweeps")))
+    launch = bench.row_launches(True)[3]
+    point = measurements.row_kernel_point(record, "grads", launch.block_v, launch.num_warps)
+    assert (point["kernel"], point["block_v"], point["num_warps"]) == ("grads", launch.block_v, launch.num_warps)
+    assert measurements.row_kernel_point(record, "stats", 3, 1) is None
 
 
 def test_trl_training_rows_put_the_two_trainers_side_by_side():

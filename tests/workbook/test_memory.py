@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from orpo_lib import chunked, schedule
+from orpo_lib import schedule
+from orpo_lib.chunked import gemms as chunked  # (new_logits_buffer, with_padding)
 from orpo_lib.workbook import memory
 from orpo_lib.workbook.measurements import H200_ANCHORS, latest_bench_record
 
@@ -161,10 +162,10 @@ def test_model_matches_the_default_chunks_of_an_h100_record():
     two 16384-row chunks at 8×4096, V = 32000, and 4096-row chunks at V ≥ 128256."""
     from orpo_lib.workbook import measurements
 
-    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-chunk-rows-2026-12-06-h100-f6664a4-busy.json")
+    record = measurements.load_bench_record(measurements.DATA_DIR / "chunk-rows-ab-h100.json")
     rows = memory.model_vs_measured(record, impls=("fused",))
     assert len(rows) == 8
-    # V = 50257 was measured before its rows were padded to 16 columns and W copied to match (chunked.gemm_head)
+    # V = 50257 was measured before its rows were padded to 16 columns and W copied to match (chunked.gemms.gemm_head)
     aligned = [r for r in rows if r["vocab"] % 16 == 0]
     assert len(aligned) == 7 and max(abs(r["error_pct"]) for r in aligned) < 0.1
 
@@ -176,7 +177,7 @@ def test_model_matches_odd_vocabularies_of_an_h100_record():
     one pass (2×16384, V=32001) and two aligned controls, with and without gradients."""
     from orpo_lib.workbook import measurements
 
-    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-two-part-head-2026-12-06-h100-7cbe241-busy.json")
+    record = measurements.load_bench_record(measurements.DATA_DIR / "two-part-head-ab-h100.json")
     rows = memory.model_vs_measured(record, impls=("fused",))
     assert sorted((r["batch"], r["seq"], r["vocab"]) for r in rows) == [
         (2, 1024, 128256), (2, 1024, 128257), (2, 16384, 32001), (4, 2048, 50257), (8, 2048, 32000), (8, 2048, 32001),
@@ -196,11 +197,11 @@ def test_model_matches_eval_calls_that_queue_their_first_gemm_early():
     gathered early rows beside the buffer and the label check's outputs are the peak."""
     from orpo_lib.workbook import measurements
 
-    record = measurements.load_bench_record(measurements.DATA_DIR / "ab-eval-early-2026-12-06-h100-d1f5a03-busy.json")
+    record = measurements.load_bench_record(measurements.DATA_DIR / "eval-early-gemm-ab-h100.json")
     rows = record.select("fused", "eval", mask="none")
     assert len(rows) == 7
     for r in rows:
-        if r["vocab"] % 16:  # measured before the rows of an odd vocabulary were padded (chunked.gemm_head)
+        if r["vocab"] % 16:  # measured before the rows of an odd vocabulary were padded (chunked.gemms.gemm_head)
             continue
         phases = dict(memory.memory_phases("fused", r["batch"], r["seq"], r["hidden"], r["vocab"], with_grad=False))
         model = sum(memory.peak_bytes("fused", r["batch"], r["seq"], r["hidden"], r["vocab"], with_grad=False).values())
@@ -236,7 +237,7 @@ def test_eval_with_statistics_in_gemm_matches_the_measured_peaks():
     statistics the model leaves out are the difference."""
     from orpo_lib.workbook import measurements
 
-    record = measurements.load_bench_record(measurements.DATA_DIR / "eval-2026-12-04-h200-b0f1398-stats-gemm.json")
+    record = measurements.load_bench_record(measurements.DATA_DIR / "stats-gemm-eval-h200.json")
     checked = 0
     for r in record.select("fused", "eval"):
         in_gemm = r["vocab"] >= 65536  # (this record predates the 8192-row threshold)
@@ -270,3 +271,21 @@ def test_vocab_parallel_memory_per_gpu():
     assert eight["backward"]["dx"] == one["backward"]["dx"] == 16 * 4096 * 4096 * 2
     assert eight["combine"]["gathered_row_stats"] > one["combine"]["gathered_row_stats"]
     assert eight["gradient chunk"]["chunk_dx_fp32_gathered"] == 10 * 4096 * 4096 * 4
+
+
+def test_statistics_gemm_prediction_counts_the_pass_it_saves():
+    from orpo_lib.workbook import bench
+
+    for rows, hidden, vocab in bench.STATS_GEMM_SHAPES:
+        paths = memory.statistics_paths(rows, hidden, vocab)
+        # what each path writes and reads between the GEMM and the statistics, as the sweep records it
+        written_read = bench.stats_gemm_bytes(rows, vocab, 2)
+        assert paths["cublas_row_stats"][1]["bytes"] == written_read["cublas_row_stats"][1]
+        assert paths["stats_gemm"][1]["bytes"] == written_read["stats_gemm"][1]
+        p = memory.statistics_gemm_prediction(rows, hidden, vocab)
+        # the GEMM is compute-bound: the buffer path pays the read of the logits, TFLOP/s / (H · TB/s) of the GEMM
+        assert p["row_stats_x_mm"] - 1 == pytest.approx(memory.H200_GEMM_TFLOPS / (hidden * memory.H200_ROW_KERNEL_TBPS))
+        assert 1 < p["stats_gemm_x_mm"] < 1.01 < p["row_stats_x_mm"]
+        assert p["logits_gemm_ms"] == pytest.approx(2 * rows * hidden * vocab / (memory.H200_GEMM_TFLOPS * 1e9))
+    small, large = (memory.statistics_gemm_prediction(16384, h, 151936) for h in (2048, 4096))
+    assert small["row_stats_x_mm"] - 1 == pytest.approx(2 * (large["row_stats_x_mm"] - 1))

@@ -1,12 +1,17 @@
-"""The notebook runner fails loudly on a stalled cell, and runs kernels headless."""
+"""The notebook runner fails loudly on a stalled cell, runs kernels headless, and with --reuse-newer reruns only stale copies."""
 
 import json
+import os
+import time
+from pathlib import Path
 
 import nbformat
 import pytest
 import torch
+from papermill.exceptions import PapermillExecutionError
 
-from orpo_lib.workbook import notebooks, widgets
+import orpo_lib
+from orpo_lib.workbook import measurements, notebooks, plots, widgets
 
 
 def _notebook(path, *sources):
@@ -39,8 +44,12 @@ def test_kernels_run_headless_and_the_flag_is_restored(tmp_path, monkeypatch):
     monkeypatch.delenv(widgets.HEADLESS_ENV, raising=False)
     source = _notebook(tmp_path / "env.ipynb", "import os\nfrom orpo_lib.workbook.record import record\n"
                        f"record('headless', os.environ.get({widgets.HEADLESS_ENV!r}), path=record_path)")
+    stale = tmp_path / "out" / "env" / "figure-of-an-earlier-run.png"
+    stale.parent.mkdir(parents=True)
+    stale.touch()
     run = notebooks.execute(source, tmp_path / "out")
     assert json.loads(run["record"].read_text()) == {"headless": "1"}
+    assert not stale.exists(), "figures must come from this run"
     assert widgets.HEADLESS_ENV not in __import__("os").environ
 
 
@@ -73,3 +82,81 @@ def test_gpu_sets_run_gpu_only_where_a_notebook_declares_it(tmp_path):
     for gpu in (False, True):
         assert json.loads(notebooks.execute(declares, tmp_path / "out", gpu=gpu)["record"].read_text()) == {"run_gpu": gpu}
     assert json.loads(notebooks.execute(lacks, tmp_path / "out", gpu=True)["record"].read_text()) == {"run_gpu": False}
+
+
+def _counting_notebook(folder, log):
+    """A notebook that appends a line to ``log`` each time it runs, and fails while ``log``.fail exists."""
+    return _notebook(folder / "01-count.ipynb", "from pathlib import Path\n"
+                     f"log = Path({str(log)!r})\n"
+                     "assert not log.with_suffix('.fail').exists(), 'asked to fail'\n"
+                     "with log.open('a') as f:\n    f.write('ran\\n')")
+
+
+def _age(path, seconds):
+    """Set ``path``'s modification time ``seconds`` from now (negative: in the past)."""
+    when = time.time() + seconds
+    os.utime(path, (when, when))
+
+
+@pytest.mark.notebook
+def test_reuse_newer_keeps_a_fresh_copy_and_reruns_a_stale_one(tmp_path, monkeypatch, capsys):
+    """``--reuse-newer`` (make report) against real modification times of the notebook, the package and the data."""
+    sources, package, data, out = (tmp_path / name for name in ("notebooks", "package", "data", "out"))
+    for folder in (sources, package, data):
+        folder.mkdir()
+    monkeypatch.setattr(notebooks, "NOTEBOOK_DIR", sources)
+    monkeypatch.setattr(notebooks, "PACKAGE_DIR", package)
+    monkeypatch.setattr(notebooks, "DATA_DIR", data)
+    log = tmp_path / "runs.log"
+    source = _counting_notebook(sources, log)
+    module, record = package / "loss.py", data / "bench.json"
+    module.write_text("")
+    record.write_text("{}")
+    for path in (source, module, record):
+        _age(path, -100)
+    copy = out / source.name
+
+    def runs(*flags):
+        assert notebooks.main(["--out", str(out), *flags]) == 0
+        return len(log.read_text().splitlines())
+
+    assert runs("--reuse-newer") == 1  # no copy yet
+    assert runs("--reuse-newer") == 1
+    assert "01-count.ipynb: up to date, reused" in capsys.readouterr().out
+    assert runs() == 2  # make notebooks runs every notebook
+    for count, changed in enumerate((source, module, record), 3):
+        _age(copy, -50)
+        _age(changed, -10)  # edited after the copy was made
+        assert runs("--reuse-newer") == count, changed.name
+        assert runs("--reuse-newer") == count, f"the new copy is newer than {changed.name}"
+        _age(changed, -100)
+
+
+@pytest.mark.notebook
+def test_a_copy_that_failed_or_stopped_early_is_not_reused(tmp_path):
+    log = tmp_path / "runs.log"
+    source = _counting_notebook(tmp_path, log)
+    _age(source, -100)
+    out = tmp_path / "out"
+    copy = out / source.name
+    params = notebooks.run_parameters(source, out)
+    log.with_suffix(".fail").touch()
+    with pytest.raises(PapermillExecutionError, match="asked to fail"):
+        notebooks.execute(source, out)
+    assert copy.stat().st_mtime > source.stat().st_mtime and not notebooks.up_to_date(source, copy, params)
+    log.with_suffix(".fail").unlink()
+    notebooks.execute(source, out)
+    assert notebooks.up_to_date(source, copy, params)
+    assert not notebooks.up_to_date(source, copy, {**params, "run_gpu": True}), "made with other parameters"
+    nb = nbformat.read(copy, as_version=4)
+    nb.cells[-1].execution_count = None  # where an interrupted run stops: a cell never numbered
+    nbformat.write(nb, copy)
+    assert not notebooks.up_to_date(source, copy, params)
+
+
+def test_a_copy_depends_on_the_notebook_the_package_and_the_data():
+    source = notebooks.notebook_paths()[0]
+    inputs = notebooks.inputs_of(source)
+    assert source in inputs
+    assert Path(plots.__file__).resolve() in inputs and Path(orpo_lib.__file__).resolve() in inputs
+    assert measurements.DATA_DIR / "anchors-2026-12-02-h200.json" in inputs

@@ -31,7 +31,7 @@ def bench_dir(tmp_path):
     results.append(result("baseline", "full", 4, None, None, status="oom"))
     record = {"provenance": {"gpu": "Test GPU", "torch": "0.0", "triton": "0.0", "date": "2000-01-01",
                              "commit": "0123456789abcdef", "command": "synthetic"}, "results": results, "sweeps": {}}
-    (tmp_path / "bench-test.json").write_text(json.dumps(record))
+    (tmp_path / "seed-shapes-test.json").write_text(json.dumps(record))
     return tmp_path
 
 
@@ -71,7 +71,7 @@ def test_batch_scaling_eval_models_the_forward_without_gradients(tmp_path):
 
 def test_batch_scaling_reads_a_record(bench_dir, tmp_path, capsys):
     shown = widgets.show_batch_scaling(1024, 4096, 128256, largest_batch=4, output_dir=tmp_path / "out", data_dir=bench_dir)
-    assert shown["record"] == "bench-test.json" and shown["measured_points"] == 5
+    assert shown["record"] == "seed-shapes-test.json" and shown["measured_points"] == 5
     by_key = {(r["batch"], r["provider"]): r for r in shown["measured"]}
     assert by_key[(2, "floor")]["x_floor"] == 1.0
     assert by_key[(4, "fused")]["x_floor"] == pytest.approx(9.6 / 9.0)
@@ -79,7 +79,7 @@ def test_batch_scaling_reads_a_record(bench_dir, tmp_path, capsys):
     assert by_key[(4, "baseline")] == {"batch": 4, "provider": "baseline", "median_ms": None, "x_floor": None,
                                        "peak_over_inputs_gib": None, "status": "oom"}
     text = capsys.readouterr().out
-    assert "Measured (bench-test.json, mask none)" in text and "Test GPU" in text
+    assert "Measured (seed-shapes-test.json, mask none)" in text and "Test GPU" in text
     assert (tmp_path / "out" / "batch-scaling-full-T1024.svg").exists()
 
 
@@ -92,8 +92,8 @@ def test_batch_scaling_forward_is_compared_with_the_eval_floor(bench_dir):
 
 def test_batch_scaling_with_no_matching_workload_says_so(bench_dir, capsys):
     shown = widgets.show_batch_scaling(4096, 4096, 128256, mode="forward", data_dir=bench_dir)
-    assert shown["measured"] == [] and shown["record"] == "bench-test.json"
-    assert "bench-test.json has no forward results at T=4096" in capsys.readouterr().out
+    assert shown["measured"] == [] and shown["record"] == "seed-shapes-test.json"
+    assert "seed-shapes-test.json has no forward results at T=4096" in capsys.readouterr().out
 
 
 def _controls(box):
@@ -209,24 +209,12 @@ def test_gpu_button_run_now_runs_once_and_keeps_the_button(monkeypatch):
     assert started == ["figs", "figs"]
 
 
-def test_show_beside_gpu_run_puts_the_gpu_values_beside_the_record(tmp_path, capsys):
-    provenance = {"gpu": "Test GPU X1", "torch": "9.9", "triton": "9.9", "date": "2000-01-02T00:00:00+00:00", "commit": "feedface"}
-    executed = [{"batch": 2, "provider": "fused", "median_ms": 2.5, "x_floor": 1.25}]
-    notebooks_run = {"05-batch-scaling": {"seconds": 1.0, "record": {"live_batch_scaling": executed}}}
-    for date in ("2000-01-01", "2000-01-02"):  # the newest file is read
-        run = {"provenance": {**provenance, "date": date}, "notebooks": notebooks_run if date == "2000-01-02" else {}}
-        (tmp_path / f"notebooks-{date}-x1.json").write_text(json.dumps(run))
-    recorded = [{"batch": 2, "provider": "fused", "median_ms": 2.0, "x_floor": 1.1},
-                {"batch": 4, "provider": "fused", "median_ms": 4.0, "x_floor": 1.05}]
-    rows = widgets.show_beside_gpu_run("05-batch-scaling", "live_batch_scaling", recorded, "the record", ["batch", "provider"],
-                                       ["x_floor"], data_dir=tmp_path)
-    assert rows == [{"batch": 2, "provider": "fused", "recorded_x_floor": 1.1, "gpu_run_x_floor": 1.25},
-                    {"batch": 4, "provider": "fused", "recorded_x_floor": 1.05}]
-    out = capsys.readouterr().out
-    assert "Test GPU X1" in out and "notebooks-2000-01-02-x1.json" in out and "commit feedfac" in out
-
-
-def test_show_beside_gpu_run_without_a_gpu_execution_says_so(tmp_path, capsys):
-    assert widgets.show_beside_gpu_run("04-kernel-tuning", "live_chunk_sweep", [], "the record", ["chunk_size"], ["median_ms"],
-                                       data_dir=tmp_path) == []
-    assert measurements.NO_GPU_NOTEBOOKS_MESSAGE in capsys.readouterr().out
+def test_show_cards_names_the_card_of_every_record(capsys):
+    bench_record = measurements.BenchRecord({"gpu": "NVIDIA H100 80GB HBM3"}, [], source="seed-shapes-h100.json")
+    trl = {"provenance": {"gpu": "NVIDIA H200"}, "source": "trl-training-h200.json"}
+    cards = widgets.show_cards(seed_shapes=bench_record, mask=None, trl_training=trl)
+    assert cards == {"NVIDIA H100 80GB HBM3": ["seed_shapes (seed-shapes-h100.json)"],
+                     "NVIDIA H200": ["trl_training (trl-training-h200.json)"]}
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["Measured on one NVIDIA H100 80GB HBM3: seed_shapes (seed-shapes-h100.json)",
+                   "Measured on one NVIDIA H200: trl_training (trl-training-h200.json)"]
