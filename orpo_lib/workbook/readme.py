@@ -13,7 +13,7 @@ import argparse
 import re
 from pathlib import Path
 
-from .measurements import BenchRecord, floor_mode, latest_bench_record, latest_record, trl_training_rows
+from .measurements import BenchRecord, floor_mode, latest_bench_record, latest_record, shape_text, trl_training_rows
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PERFORMANCE_PARTS = ("seed-shapes", "small-models", "long-context")
@@ -38,7 +38,7 @@ def _cell(record: BenchRecord, provider: str, mode: str, shape: dict, floor_ms: 
 
 
 def _shape_label(shape: dict, seed: dict) -> str:
-    label = f"{shape['batch']}×{shape['seq']}"
+    label = shape_text(shape)
     if (shape["hidden"], shape["vocab"]) != (seed["hidden"], seed["vocab"]):
         label += f", H={shape['hidden']}, V={shape['vocab'] // 1000}K"
     return label

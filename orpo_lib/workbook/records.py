@@ -5,10 +5,10 @@
 
 Each part is one run of the benchmark harness (or of the TRL training bench) in a process of its own,
 written as ``<part>-<gpu>.json`` (``gpu`` as ``bench.device_slug`` names the card, e.g. ``h100``), so
-that every number a notebook shows comes from one card and one commit. The settings below keep the
-whole set under ten minutes of an H100 and each part well under that, so that parts can be run in
-separate calls where a machine limits one command's time. The commit comes from ``--commit``, else git,
-else ``$ORPO_COMMIT``.
+that every number a notebook shows comes from one card and one commit. The settings below aim at the
+whole set in ten minutes of an H100 (the parts' seconds are printed at the end: a run is the check), and
+parts can be run in separate calls where a machine limits one command's time. The commit comes from ``--commit``, else from git
+or ``$ORPO_COMMIT`` as each harness's provenance finds it.
 """
 
 from __future__ import annotations
@@ -46,14 +46,6 @@ PARTS = {
 }
 
 
-def commit_of_checkout() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def part_command(part: str, out_dir: Path, gpu: str, commit: str | None) -> list[str]:
     """The command line that writes ``out_dir/<part>-<gpu>.json``."""
     module, args = PARTS[part]
@@ -75,7 +67,7 @@ def main(argv=None) -> dict:
     if not torch.cuda.is_available() and not args.dry_run:
         raise SystemExit("the workbook's records are GPU measurements: no CUDA device here")
     gpu = device_slug(torch.device("cuda")) if torch.cuda.is_available() else "gpu"
-    commit = args.commit or commit_of_checkout()
+    commit = args.commit  # else each harness asks git, then $ORPO_COMMIT (bench.provenance)
     out_dir = Path(args.out)
     seconds = {}
     for part in parts:
