@@ -9,7 +9,8 @@
   (one program per pair); ``call_terms_kernel``: the loss and the metrics, at the end (one program).
 * ``row_grads`` — ``row_grads_kernel``: the chunk rewritten in place into dL/dlogits (one program
   per row, one read and one write); in the one-pass schedule a response row into d log p / dlogits,
-  not yet scaled.
+  not yet scaled. ``grad_coefficients_kernel``: per row, what a GEMM that forms dL/dlogits as it loads
+  the logits needs instead (``gluon_grad_gemm``).
 * ``pair_sums`` — ``pair_sum_kernel``: a one-pass pair's per-sequence dW sums, each times its sequence's
   coefficient, added up (one pass over V×H).
 * ``dropped_sums`` — ``dropped_row_sums_kernel``: per half, the sum of the rows of hidden that no target
@@ -21,8 +22,9 @@
 ``offline_compile`` how the CPU tests compile a Gluon kernel for sm_90a without a GPU.
 The Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_pipeline``, the
 warp-specialised pipeline (TMA producer, MMA warpgroups) the two kernels share; ``gluon_gemm``, a plain
-C = A·Bᵀ on it; and ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue, which calls
-without gradients use on an H200 (``schedule.statistics_in_gemm``).
+C = A·Bᵀ on it; ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue, which calls
+without gradients use on an H200 (``schedule.statistics_in_gemm``); and ``gluon_grad_gemm``, dX = G·W with G
+formed from the logits inside the GEMM (measured by the benchmark's ``grad_gemm`` sweep, not yet used by the loss).
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 

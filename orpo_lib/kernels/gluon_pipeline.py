@@ -1,5 +1,6 @@
-"""The pipeline both Gluon kernels for Hopper (sm_90a) are built on: a persistent, warp-specialised C = A·Bᵀ whose
+"""The pipeline two Gluon kernels for Hopper (sm_90a) are built on: a persistent, warp-specialised C = A·Bᵀ whose
 epilogue each kernel writes itself (``gluon_gemm``: a TMA store of C; ``gluon_row_stats``: the row statistics).
+``gluon_grad_gemm`` shares its tile order, barriers, accumulator layout and operand checks.
 
 Data flows through three kinds of partition. ``load_partition`` (1 warp) is the TMA producer: it fills a
 STAGES-deep ring of A and B tiles in shared memory (``alloc_ring``), stage by stage, as soon as the MMA
@@ -25,8 +26,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-__all__ = ["TORCH_TO_GL", "alloc_barriers", "alloc_ring", "check_operand", "check_operand_pair", "check_tma_shapes",
-           "load_partition", "mma_to_smem_partition", "num_sms", "tile_coords"]
+__all__ = ["TORCH_TO_GL", "accumulator_layout", "alloc_barriers", "alloc_counting_barriers", "alloc_ring", "check_operand",
+           "check_operand_pair", "check_tma_shapes", "load_partition", "mma_to_smem_partition", "num_sms", "tile_coords"]
 
 TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
@@ -36,7 +37,7 @@ TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.flo
 # --------------------------------------------------------------------------------------------------
 
 @gluon.constexpr_function
-def _mma_layout(BLOCK_N):
+def accumulator_layout(BLOCK_N):
     # The accumulator's register layout, which also fixes the wgmma shape: one warpgroup (warps
     # stacked along M, 16 rows each per m64 instruction), instructions of m16 × n × k16 per warp for
     # 16-bit inputs (k = 256 bits / 16). The largest n (≤ 256, a multiple of 8) dividing the tile
@@ -98,7 +99,7 @@ def _mma_tile(a_bufs, b_bufs, ready_bars, empty_bars, it, k_tiles, BLOCK_M: gl.c
     while step k computes.
     """
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    mma_layout: gl.constexpr = _mma_layout(BLOCK_N)
+    mma_layout: gl.constexpr = accumulator_layout(BLOCK_N)
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
     for ki in range(k_tiles):
         s = it % STAGES
@@ -161,9 +162,15 @@ def alloc_ring(a_desc, b_desc, STAGES: gl.constexpr):
 @gluon.jit
 def alloc_barriers(count: gl.constexpr):
     """``count`` mbarriers in shared memory, each completing at one arrival."""
+    return alloc_counting_barriers(count, 1)
+
+
+@gluon.jit
+def alloc_counting_barriers(count: gl.constexpr, arrivals: gl.constexpr):
+    """``count`` mbarriers in shared memory, each completing at ``arrivals`` arrivals."""
     bars = gl.allocate_shared_memory(gl.int64, [count, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(count):
-        mbarrier.init(bars.index(i), count=1)
+        mbarrier.init(bars.index(i), count=arrivals)
     return bars
 
 

@@ -23,10 +23,8 @@ import os
 import platform
 import random
 import re
-import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,7 +35,9 @@ from .._triton_mode import INTERPRET
 from ..baseline import orpo_loss_baseline
 from ..chunked.gemms import accumulate_mm
 from ..fused import fused_linear_orpo_loss
+from .grad_gemm import GRAD_GEMM_CPU_SHAPES, GRAD_GEMM_SHAPES, grad_gemm_sweep
 from .memory import LEAN_CHUNK_ROWS, fused_chunk_rows
+from .timing import elapsed_ms, record_failure, stand_in_model, time_call, time_interleaved, time_summary
 
 SEED_SHAPES = [(b, t) for t in (1024, 4096) for b in (2, 4, 8, 16)]
 SEED_HIDDEN, SEED_VOCAB = 4096, 128256
@@ -206,56 +206,6 @@ def liger_version():
 
 # ---- timing -----------------------------------------------------------------------------------------
 
-def _elapsed_ms(run, device, lead=None) -> float:
-    """Milliseconds of one call; CUDA events on the GPU, the start event after what ``lead`` queues."""
-    if lead is not None:
-        lead()
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
-    run()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def _summary(times):
-    return statistics.median(times), min(times), max(times), len(times)
-
-
-def stand_in_model(device):
-    """A function that queues about 1.5 ms of GEMM on an H100 (an 8192³ bf16 product), standing in for the
-    model's work ahead of the loss: timed after it, a call counts only the GPU's waits on the host that a
-    training step would see too."""
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    return lambda: torch.mm(a, a)
-
-
-def time_call(run, device, warmup=2, reps=10):
-    """Median, min and max milliseconds over ``reps`` calls after ``warmup``; CUDA events on the GPU."""
-    for _ in range(warmup):
-        run()
-    return _summary([_elapsed_ms(run, device) for _ in range(reps)])
-
-
-def time_interleaved(calls: dict, device, warmup=2, reps=10) -> dict:
-    """Milliseconds of each call in ``calls`` (name → call), ``reps`` of each after ``warmup``: every round
-    takes each call once, in a new seeded order, as ``measure_interleaved`` does. Returns name → times."""
-    for run in calls.values():
-        for _ in range(warmup):
-            run()
-    times = {name: [] for name in calls}
-    order, names = random.Random(0), list(calls)
-    for _ in range(reps):
-        order.shuffle(names)
-        for name in names:
-            times[name].append(_elapsed_ms(calls[name], device))
-    return times
-
-
 def kernel_names(run, skip=()) -> list:
     """The names (first 100 characters) of the GPU kernels one call of ``run`` launches, but those that
     contain a string of ``skip``, from the PyTorch profiler."""
@@ -305,9 +255,9 @@ def _measurement(result, make_run, w, inputs, device, warmup, reps, lead):
     yield
     times = []
     for _ in range(reps):
-        times.append(_elapsed_ms(run, device, lead))
+        times.append(elapsed_ms(run, device, lead))
         yield
-    result.median_ms, result.min_ms, result.max_ms, result.reps = _summary(times)
+    result.median_ms, result.min_ms, result.max_ms, result.reps = time_summary(times)
     gemms = 1 if result.mode != "full" else 3
     result.tflops = gemms * w.gemm_flops() / (result.median_ms * 1e-3) / 1e12
 
@@ -556,14 +506,8 @@ def stats_gemm_sweep(device, shapes, dtype: str = "bf16", *, warmup, reps) -> li
                "lse_max_abs_diff": None, "logp_max_abs_diff": None}
         for path, (written, read) in stats_gemm_bytes(rows, vocab, torch_dtype.itemsize).items():
             row[f"{path}_written_bytes"], row[f"{path}_read_bytes"] = written, read
-        try:
-            _time_stats_gemm_paths(row, device, torch_dtype, gluon, warmup=warmup, reps=reps)
-        except torch.cuda.OutOfMemoryError as exc:
-            row["status"], row["error"] = "oom", str(exc).splitlines()[0]
-        except Exception as exc:  # a failing shape is recorded, not raised: the rest of the run goes on
-            row["status"], row["error"] = "error", f"{type(exc).__name__}: {exc}"
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        record_failure(row, lambda: _time_stats_gemm_paths(row, device, torch_dtype, gluon, warmup=warmup, reps=reps),
+                       device)
         rows_out.append(row)
     return rows_out
 
@@ -613,7 +557,7 @@ def _time_stats_gemm_paths(row, device, dtype, gluon: bool, *, warmup, reps) -> 
             calls["stats_gemm"] = gemm_path
     times = time_interleaved(calls, device, warmup, reps)
     for path, measured in times.items():
-        row[f"{path}_ms"], row[f"{path}_min_ms"], row[f"{path}_max_ms"], row["reps"] = _summary(measured)
+        row[f"{path}_ms"], row[f"{path}_min_ms"], row[f"{path}_max_ms"], row["reps"] = time_summary(measured)
 
 
 # ---- the run -------------------------------------------------------------------------------------------
@@ -691,7 +635,7 @@ def format_table(results, floor_by_shape) -> str:
     return "\n".join(lines)
 
 
-SWEEPS = ("chunk", "stages", "row_kernel", "profile", "accuracy", "stats_gemm")
+SWEEPS = ("chunk", "stages", "row_kernel", "profile", "accuracy", "stats_gemm", "grad_gemm")
 
 
 def _sweep_list(text) -> list:
@@ -750,7 +694,7 @@ def run_workloads(workloads, providers, modes, device, *, warmup, reps, lead=Non
 
 def run_sweeps(sweeps, w: Workload, device, *, warmup, reps) -> dict:
     """The named sweeps at one workload (chunk size, stages, row-kernel launches, profile, accuracy); the
-    statistics GEMM's (``stats_gemm``) at shapes of its own."""
+    statistics GEMM's (``stats_gemm``) and the gradient GEMM's (``grad_gemm``) at shapes of their own."""
     on_gpu = device.type == "cuda"
     chunk_rows = 4096 if on_gpu else 64
     out = {}
@@ -773,6 +717,9 @@ def run_sweeps(sweeps, w: Workload, device, *, warmup, reps) -> dict:
     if "stats_gemm" in sweeps:
         shapes = STATS_GEMM_SHAPES if on_gpu else STATS_GEMM_CPU_SHAPES
         out["stats_gemm"] = stats_gemm_sweep(device, shapes, w.dtype, warmup=warmup, reps=reps)
+    if "grad_gemm" in sweeps:
+        shapes = GRAD_GEMM_SHAPES if on_gpu else GRAD_GEMM_CPU_SHAPES
+        out["grad_gemm"] = grad_gemm_sweep(device, shapes, DTYPES[w.dtype], warmup=warmup, reps=reps)
     return out
 
 

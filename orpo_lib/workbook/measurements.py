@@ -411,6 +411,36 @@ def stats_gemm_verdict(rows: list[dict]) -> dict:
             "in_library": sorted(taken), "differ": sorted(worth_it ^ taken)}
 
 
+# Stage 1 of the gradient inside the GEMMs: dX with G formed as the GEMM loads the logits, within this factor of
+# cuBLAS's plain dX GEMM (over a buffer that already holds G): 3 % at H = 4096, 8 % at smaller H.
+GRAD_GEMM_TARGETS = {4096: 1.03, 0: 1.08}
+
+
+def grad_gemm_target(hidden: int) -> float:
+    """The ``gluon_dx`` target over cuBLAS's dX GEMM at this hidden size (``GRAD_GEMM_TARGETS``)."""
+    return GRAD_GEMM_TARGETS[4096] if hidden >= 4096 else GRAD_GEMM_TARGETS[0]
+
+
+def grad_gemm_rows(record: BenchRecord) -> list[dict]:
+    """Per shape of the record's ``grad_gemm`` sweep (``workbook.grad_gemm``): cuBLAS's dX GEMM over G (ms); the
+    row_grads pass, the buffer path (the two) and the Gluon path over it (``*_x_cublas``); the Gluon path over the
+    buffer path and how the two compare ("faster", "slower", "level"); the target and whether the Gluon path meets
+    it; both paths' relative errors against float64; whether the Gluon path repeats bitwise; the row's status."""
+    rows = []
+    for r in record.sweeps.get("grad_gemm") or []:
+        base = r.get("cublas_dx_ms")
+        gluon = _over(r.get("gluon_dx_ms"), base)
+        target = grad_gemm_target(r["hidden"])
+        rows.append({"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"], "cublas_dx_ms": base,
+                     **{f"{path}_x_cublas": _over(r.get(f"{path}_ms"), base) for path in ("row_grads", "buffer_dx")},
+                     "gluon_dx_x_cublas": gluon, "gluon_dx_x_buffer": _over(r.get("gluon_dx_ms"), r.get("buffer_dx_ms")),
+                     "against_buffer": _against(r, "gluon_dx", "buffer_dx"), "target_x_cublas": target,
+                     "meets_target": None if gluon is None else gluon <= target,
+                     "buffer_dx_rel_err": r.get("buffer_dx_rel_err"), "gluon_dx_rel_err": r.get("gluon_dx_rel_err"),
+                     "bitwise_repeatable": r.get("bitwise_repeatable"), "status": r["status"]})
+    return rows
+
+
 def mask_summary(record: BenchRecord) -> list[dict]:
     """Per workload and mask other than "none": each provider's time over the unmasked floor of the same run."""
     table: dict = {}

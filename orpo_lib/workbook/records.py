@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import SEED_SHAPES, device_slug
+from .bench import SEED_SHAPES, SWEEPS, device_slug
 
 SEED = ",".join(f"{b}x{t}" for b, t in SEED_SHAPES)
 
@@ -31,7 +31,7 @@ PARTS = {
     # and the tuning sweeps of notebook 4 at 8×4096
     "seed-shapes": ("bench", ["--shapes", SEED, "--providers", "floor,baseline,baseline_compiled,fused,fused_lean,liger",
                               "--modes", "full,forward,eval", "--reps", "5", "--warmup", "1",
-                              "--sweeps", "chunk,stages,row_kernel,profile,accuracy,stats_gemm", "--sweep-shape", "8x4096"]),
+                              "--sweeps", ",".join(SWEEPS), "--sweep-shape", "8x4096"]),
     # the models most people fine-tune: H 1024 / 2048, V 32000 / 151936 / 256000, 8×2048
     "small-models": ("bench", ["--shapes", "small-models", "--providers", "floor,baseline,baseline_compiled,fused,liger",
                                "--modes", "full,eval", "--reps", "8"]),

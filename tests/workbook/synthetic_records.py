@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from orpo_lib import schedule
-from orpo_lib.workbook import bench
+from orpo_lib.workbook import bench, grad_gemm
 
 GPU = "NVIDIA H200"
 COMMAND = ("python -m orpo_lib.workbook.bench --shapes 2x1024,8x4096 --providers floor,fused --modes full,eval "
-           "--sweeps chunk,stages,row_kernel,profile,accuracy,stats_gemm --sweep-shape 8x4096 "
+           "--sweeps chunk,stages,row_kernel,profile,accuracy,stats_gemm,grad_gemm --sweep-shape 8x4096 "
            "--out figures/data/seed-shapes-h200.json --commit 0123abcd")
 STAGES = ["logits GEMM", "row stats (read)", "copy (restores the chunk)", "row grads (read, write) + copy", "dX GEMM",
           "dW GEMM (weight dtype out)", "dW GEMM (fp32 accumulate)"]
@@ -44,6 +44,20 @@ def stats_gemm_row(rows, hidden, vocab, cublas_mm, row_stats, stats_gemm, in_lib
     return row
 
 
+# (rows, hidden, vocab) -> medians in ms of cuBLAS's dX GEMM, row_grads, the two, and the Gluon path
+GRAD_GEMM_TIMES = {(8192, 4096, 128256): (12.0, 0.9, 12.9, 12.3), (8192, 1024, 32000): (0.75, 0.22, 0.97, 0.84)}
+
+
+def grad_gemm_row(rows, hidden, vocab, cublas_dx, row_grads, buffer_dx, gluon_dx) -> dict:
+    """One row of the ``grad_gemm`` sweep, with every key ``grad_gemm.grad_gemm_sweep`` writes."""
+    row = {"rows": rows, "hidden": hidden, "vocab": vocab, "dtype": "bfloat16", "status": "ok", "error": None, "reps": 5,
+           "flops": 2 * rows * vocab * hidden, "buffer_bytes": 4 * rows * vocab, "buffer_dx_rel_err": 2.1e-3,
+           "gluon_dx_rel_err": 2.0e-3, "bitwise_repeatable": True}
+    for path, ms in zip(grad_gemm.GRAD_GEMM_PATHS, (cublas_dx, row_grads, buffer_dx, gluon_dx)):
+        row.update({f"{path}_ms": ms, f"{path}_min_ms": 0.995 * ms, f"{path}_max_ms": 1.005 * ms})
+    return row
+
+
 def seed_shapes_record(gpu: str = GPU) -> dict:
     rng = random.Random(0)
     results = [_result(p, m, b, t, ms * (1.04 if p == "fused" else 1.0), peak)
@@ -71,11 +85,12 @@ def seed_shapes_record(gpu: str = GPU) -> dict:
                                     "baseline": {"loss": 1e-4, "grad_hidden": 3e-3, "grad_weight": 3.6e-3 + i * 5e-4}}}
                 for i, (b, t, mask) in enumerate(workloads)]
     stats_gemm = [stats_gemm_row(*shape, *times, in_library(gpu, *shape)) for shape, times in STATS_GEMM_TIMES.items()]
+    grad_gemm_sweep = [grad_gemm_row(*shape, *times) for shape, times in GRAD_GEMM_TIMES.items()]
     provenance = {"gpu": gpu, "torch": "2.11.0+cu130", "triton": "3.6.0", "liger": None, "interpreter": False,
                   "date": "2026-12-08T10:00:00+00:00", "commit": "0123abcd", "command": COMMAND}
     return {"provenance": provenance, "results": results,
             "sweeps": {"chunk": chunk, "stages": stages, "row_kernel": row_kernel, "profile": profile,
-                       "accuracy": accuracy, "stats_gemm": stats_gemm}}
+                       "accuracy": accuracy, "stats_gemm": stats_gemm, "grad_gemm": grad_gemm_sweep}}
 
 
 def write_seed_shapes_record(folder: Path, gpu: str = GPU) -> Path:

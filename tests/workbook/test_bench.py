@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import orpo_lib
-from orpo_lib.workbook import bench, measurements
+from orpo_lib.workbook import bench, grad_gemm, measurements
 
 
 def test_harness_records_every_provider_and_mode(tmp_path):
@@ -270,3 +270,36 @@ def test_a_failing_statistics_gemm_leaves_the_buffer_paths_timed(monkeypatch):
     assert aligned["status"] == "error" and "no wgmma here" in aligned["error"]
     assert aligned["stats_gemm_ms"] is None and aligned["lse_max_abs_diff"] is None
     assert aligned["cublas_mm_ms"] > 0 and aligned["cublas_row_stats_ms"] > 0
+
+
+def test_grad_gemm_sweep_on_cpu_times_the_buffer_paths_and_skips_the_gluon_kernel(tmp_path):
+    record = bench.main(["--shapes", "2x4", "--hidden", "16", "--vocab", "64", "--reps", "2", "--warmup", "0",
+                         "--providers", "fused", "--modes", "eval", "--sweeps", "grad_gemm", "--out", str(tmp_path / "r.json")])
+    (row,) = record["sweeps"]["grad_gemm"]
+    rows, hidden, vocab = grad_gemm.GRAD_GEMM_CPU_SHAPES[0]
+    assert (row["rows"], row["hidden"], row["vocab"], row["dtype"]) == (rows, hidden, vocab, "float32")
+    assert row["status"] == "unsupported" and row["error"] is None and row["reps"] == 2
+    for path in ("cublas_dx", "row_grads", "buffer_dx"):
+        assert 0 < row[f"{path}_min_ms"] <= row[f"{path}_ms"] <= row[f"{path}_max_ms"]
+    assert row["gluon_dx_ms"] is None and row["gluon_dx_rel_err"] is None and row["bitwise_repeatable"] is None
+    assert 0 < row["buffer_dx_rel_err"] < 1e-5  # float32 G against float64
+    assert row["flops"] == 2 * rows * hidden * vocab and row["buffer_bytes"] == 2 * rows * vocab * 4
+
+
+def test_grad_gemm_sweep_checks_and_times_the_gluon_path_where_it_runs(monkeypatch):
+    calls = []
+
+    def buffer_stand_in(logits, weight, ids, sizes, out):  # the Gluon path's result, a little off on its first call
+        calls.append(len(logits))
+        grad = logits.clone()
+        orpo_lib.kernels.row_grads(grad, *ids, **sizes)
+        out.copy_(grad @ weight * (1.001 if len(calls) == 1 else 1.0))
+
+    monkeypatch.setattr(grad_gemm, "gluon_supported", lambda device, dtype: True)
+    monkeypatch.setattr(grad_gemm, "gluon_dx_call", buffer_stand_in)
+    (row,) = grad_gemm.grad_gemm_sweep(torch.device("cpu"), [(6, 16, 48)], torch.float32, warmup=1, reps=2)
+    assert row["status"] == "ok" and row["error"] is None
+    assert row["gluon_dx_rel_err"] < 1e-5 and row["bitwise_repeatable"] is False  # its two checked runs differ
+    assert calls == [6] * 5  # the check's two runs, one warm-up and two timed repetitions
+    for path in grad_gemm.GRAD_GEMM_PATHS:
+        assert 0 < row[f"{path}_min_ms"] <= row[f"{path}_ms"] <= row[f"{path}_max_ms"]

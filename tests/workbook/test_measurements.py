@@ -5,7 +5,8 @@ import json
 import pytest
 
 from orpo_lib.workbook import bench, measurements
-from synthetic_records import GPU, STATS_GEMM_TIMES, seed_shapes_record, stats_gemm_row, write_seed_shapes_record
+from synthetic_records import (GPU, GRAD_GEMM_TIMES, STATS_GEMM_TIMES, grad_gemm_row, seed_shapes_record, stats_gemm_row,
+                               write_seed_shapes_record)
 
 
 def test_the_seed_record_is_the_newest_seed_shapes_file_and_names_its_gpu(tmp_path):
@@ -72,3 +73,26 @@ def test_trl_training_rows_put_the_two_trainers_side_by_side():
     assert two["fused_speedup"] == pytest.approx(1.25)
     assert (two["stock_max_pairs"], two["fused_max_pairs"]) == (8, 16)
     assert four["fused_speedup"] is None  # stock did not fit that row
+
+
+def test_grad_gemm_rows_are_the_sweep_over_cublas_against_the_targets():
+    record = measurements.BenchRecord(**seed_shapes_record())
+    rows = measurements.grad_gemm_rows(record)
+    assert [(r["rows"], r["hidden"], r["vocab"]) for r in rows] == list(GRAD_GEMM_TIMES)
+    for row, (cublas, row_grads, buffer, gluon) in zip(rows, GRAD_GEMM_TIMES.values()):
+        assert row["cublas_dx_ms"] == cublas and row["row_grads_x_cublas"] == pytest.approx(row_grads / cublas)
+        assert row["buffer_dx_x_cublas"] == pytest.approx(buffer / cublas)
+        assert row["gluon_dx_x_cublas"] == pytest.approx(gluon / cublas)
+        assert row["gluon_dx_x_buffer"] == pytest.approx(gluon / buffer) and row["against_buffer"] == "faster"
+    # 12.3 / 12.0 = 1.025 meets 3 % at H = 4096; 0.84 / 0.75 = 1.12 misses 8 % at H = 1024
+    assert [(r["target_x_cublas"], r["meets_target"]) for r in rows] == [(1.03, True), (1.08, False)]
+
+
+def test_grad_gemm_rows_where_the_gluon_path_did_not_run():
+    row = grad_gemm_row(4096, 2048, 151936, 3.0, 0.4, 3.4, 1.0) | {"status": "unsupported"}
+    for key in ("gluon_dx_ms", "gluon_dx_min_ms", "gluon_dx_max_ms", "gluon_dx_rel_err", "bitwise_repeatable"):
+        row[key] = None
+    record = measurements.BenchRecord(**(seed_shapes_record() | {"sweeps": {"grad_gemm": [row]}}))
+    (got,) = measurements.grad_gemm_rows(record)
+    assert got["gluon_dx_x_cublas"] is None and got["meets_target"] is None and got["against_buffer"] is None
+    assert got["target_x_cublas"] == 1.08 and got["status"] == "unsupported"

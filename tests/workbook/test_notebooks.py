@@ -209,7 +209,9 @@ def check_kernel_tuning_against_its_record(r, record):
         assert r["accuracy"] == []
     if "stats_gemm" not in sweeps:
         assert r["stats_gemm_rows"] == [] and r["stats_gemm_verdict"] is None
-    sweeps = {"accuracy": [], "stats_gemm": [], **sweeps}
+    if "grad_gemm" not in sweeps:
+        assert r["grad_gemm_rows"] == []
+    sweeps = {"accuracy": [], "stats_gemm": [], "grad_gemm": [], **sweeps}
     assert r["seed_record"] == record.source and r["measured_on"] == record.provenance["gpu"]
     assert r["chunk_sweep_points"] == len(sweeps["chunk"]) and r["stage_points"] == len(sweeps["stages"])
     assert sorted(r["model_chunk_peak_gib"], key=int) == [str(c) for c in sorted({p["chunk_size"] for p in sweeps["chunk"]})]
@@ -253,6 +255,14 @@ def check_kernel_tuning_against_its_record(r, record):
         verdict = r["stats_gemm_verdict"]
         assert (set(verdict["faster_or_level"]), set(verdict["in_library"])) == (faster_or_level, taken)
         assert set(verdict["differ"]) == faster_or_level ^ taken
+    # the gradient GEMM: each path over cuBLAS's dX GEMM in the same run, against its target
+    assert [(row["rows"], row["hidden"], row["vocab"], row["status"]) for row in r["grad_gemm_rows"]] == [
+        (x["rows"], x["hidden"], x["vocab"], x["status"]) for x in sweeps["grad_gemm"]]
+    for row, x in zip(r["grad_gemm_rows"], sweeps["grad_gemm"]):
+        assert row["buffer_dx_x_cublas"] == pytest.approx(x["buffer_dx_ms"] / x["cublas_dx_ms"])
+        gluon = None if x["gluon_dx_ms"] is None else x["gluon_dx_ms"] / x["cublas_dx_ms"]
+        assert row["gluon_dx_x_cublas"] == (None if gluon is None else pytest.approx(gluon))
+        assert row["meets_target"] == (None if gluon is None else gluon <= (1.03 if x["hidden"] >= 4096 else 1.08))
     fused = {(x["batch"], x["seq"]): x["median_ms"] for x in record.select("fused", "full", mask="none")}
     floor = {(x["batch"], x["seq"]): x["median_ms"] for x in record.select("floor", "full", mask="none")}
     shown = {(x["batch"], x["seq"]): x["x_floor"] for x in r["fused_over_floor_measured"]}
@@ -278,6 +288,7 @@ def test_kernel_tuning_reads_the_seed_record(runs):
     record = measurements.latest_seed_record()
     if record is None:
         assert r["seed_record"] is None and r["stats_gemm_rows"] == [] and r["stats_gemm_verdict"] is None
+        assert r["grad_gemm_rows"] == []
         assert r["row_kernel_best"] is None and r["profile_ms_by_kind"] is None and r["accuracy"] == []
         assert [(p["rows"], p["hidden"], p["vocab"]) for p in r["stats_gemm_predicted"]] == bench.STATS_GEMM_SHAPES
         assert "No seed-shapes record in figures/data yet" in _outputs_text(runs["04-kernel-tuning"]["notebook"])
