@@ -23,8 +23,8 @@
 The Gluon modules for Hopper are not imported here (their import needs triton's Gluon): ``gluon_pipeline``, the
 warp-specialised pipeline (TMA producer, MMA warpgroups) the two kernels share; ``gluon_gemm``, a plain
 C = A·Bᵀ on it; ``gluon_row_stats``, the logits GEMM with the row statistics in its epilogue, which calls
-without gradients use on an H200 (``schedule.statistics_in_gemm``); and ``gluon_grad_gemm``, dX = G·W with G
-formed from the logits inside the GEMM (measured by the benchmark's ``grad_gemm`` sweep, not yet used by the loss).
+without gradients use on an H200 (``schedule.statistics_in_gemm``); and ``gluon_grad_gemm``, dX = G·W and dW = Gᵀ·X with
+G formed from the logits inside the GEMMs (measured by the benchmark's ``grad_gemm`` sweep, not yet used by the loss).
 Each module pairs its ``@triton.jit`` kernel with a host function that checks shapes and launches it.
 """
 

@@ -411,32 +411,36 @@ def stats_gemm_verdict(rows: list[dict]) -> dict:
             "in_library": sorted(taken), "differ": sorted(worth_it ^ taken)}
 
 
-# Stage 1 of the gradient inside the GEMMs: dX with G formed as the GEMM loads the logits, within this factor of
-# cuBLAS's plain dX GEMM (over a buffer that already holds G): 3 % at H = 4096, 8 % at smaller H.
+# The gradient inside the GEMMs: each Gluon GEMM that forms G as it loads the logits within this factor of the same
+# cuBLAS GEMM over a buffer that already holds G: 3 % at H = 4096, 8 % at smaller H.
 GRAD_GEMM_TARGETS = {4096: 1.03, 0: 1.08}
 
 
 def grad_gemm_target(hidden: int) -> float:
-    """The ``gluon_dx`` target over cuBLAS's dX GEMM at this hidden size (``GRAD_GEMM_TARGETS``)."""
+    """The target of ``gluon_dx`` and ``gluon_dw`` over cuBLAS's GEMM at this hidden size (``GRAD_GEMM_TARGETS``)."""
     return GRAD_GEMM_TARGETS[4096] if hidden >= 4096 else GRAD_GEMM_TARGETS[0]
 
 
 def grad_gemm_rows(record: BenchRecord) -> list[dict]:
-    """Per shape of the record's ``grad_gemm`` sweep (``workbook.grad_gemm``): cuBLAS's dX GEMM over G (ms); the
-    row_grads pass, the buffer path (the two) and the Gluon path over it (``*_x_cublas``); the Gluon path over the
-    buffer path and how the two compare ("faster", "slower", "level"); the target and whether the Gluon path meets
-    it; both paths' relative errors against float64; whether the Gluon path repeats bitwise; the row's status."""
+    """Per shape of the record's ``grad_gemm`` sweep (``workbook.grad_gemm``): cuBLAS's dX and dW GEMMs over G (ms);
+    each Gluon GEMM over its cuBLAS one, the target and whether it meets it; the row_grads pass over the two cuBLAS
+    GEMMs; both gradients' paths together, the buffer path's and the Gluon one's, over the two cuBLAS GEMMs, and how
+    the two compare ("faster", "slower", "level"); the relative errors against float64; whether the Gluon GEMMs
+    repeat bitwise; the row's status."""
     rows = []
     for r in record.sweeps.get("grad_gemm") or []:
-        base = r.get("cublas_dx_ms")
-        gluon = _over(r.get("gluon_dx_ms"), base)
+        dx, dw = r.get("cublas_dx_ms"), r.get("cublas_dw_ms")
+        gemms = dx + dw if dx and dw else None
         target = grad_gemm_target(r["hidden"])
-        rows.append({"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"], "cublas_dx_ms": base,
-                     **{f"{path}_x_cublas": _over(r.get(f"{path}_ms"), base) for path in ("row_grads", "buffer_dx")},
-                     "gluon_dx_x_cublas": gluon, "gluon_dx_x_buffer": _over(r.get("gluon_dx_ms"), r.get("buffer_dx_ms")),
-                     "against_buffer": _against(r, "gluon_dx", "buffer_dx"), "target_x_cublas": target,
-                     "meets_target": None if gluon is None else gluon <= target,
-                     "buffer_dx_rel_err": r.get("buffer_dx_rel_err"), "gluon_dx_rel_err": r.get("gluon_dx_rel_err"),
+        row = {"rows": r["rows"], "hidden": r["hidden"], "vocab": r["vocab"], "cublas_dx_ms": dx, "cublas_dw_ms": dw,
+               "gluon_dx_x_cublas": _over(r.get("gluon_dx_ms"), dx), "gluon_dw_x_cublas": _over(r.get("gluon_dw_ms"), dw),
+               "target_x_cublas": target, "row_grads_x_gemms": _over(r.get("row_grads_ms"), gemms),
+               "buffer_x_gemms": _over(r.get("buffer_ms"), gemms), "gluon_x_gemms": _over(r.get("gluon_ms"), gemms),
+               "against_buffer": _against(r, "gluon", "buffer")}
+        ratios = [row["gluon_dx_x_cublas"], row["gluon_dw_x_cublas"]]
+        row["meets_target"] = None if None in ratios else max(ratios) <= target
+        rows.append({**row, **{f"{p}_{g}_rel_err": r.get(f"{p}_{g}_rel_err") for p in ("buffer", "gluon")
+                               for g in ("dx", "dw")},
                      "bitwise_repeatable": r.get("bitwise_repeatable"), "status": r["status"]})
     return rows
 

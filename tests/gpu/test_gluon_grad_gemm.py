@@ -102,3 +102,51 @@ def test_fewer_programs_than_tiles():
     three = gluon_grad_gemm.grad_times_weight(logits, weight, coefficients, columns,
                                               torch.empty(2048, 1024, device="cuda"), num_programs=3)
     assert torch.equal(every_sm, three)  # each tile is summed in the same order whichever program takes it
+
+
+def buffer_dw(logits, x, ids, sizes, logp_grad=False):
+    """Gᵀ·X as the loss forms it today (float32 sum over the buffer rewritten into G), and in float64."""
+    target, nll_target, token, logp, nll_logp, lse, seq_coef = ids
+    today = logits.clone()
+    if logp_grad:
+        kernels.row_logp_grads(today, target, token, logp, lse)
+    else:
+        kernels.row_grads(today, target, nll_target, token, logp, nll_logp, lse, seq_coef, **sizes)
+    exact = logits.double()
+    stats = [torch.zeros_like(logp, dtype=torch.float64) for _ in range(4)]
+    kernels.row_stats(exact, target, nll_target, token, *stats)
+    if logp_grad:
+        kernels.row_logp_grads(exact, target, token, stats[0], stats[3])
+    else:
+        kernels.row_grads(exact, target, nll_target, token, stats[0], stats[1], stats[3], seq_coef.double(), **sizes)
+    return gemms.mm(today.t(), x, torch.float32), exact.t() @ x.double()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("logp_grad", [False, True])
+def test_dw_matches_the_buffer_path_and_float64(shape, logp_grad):
+    rows, vocab, size = shape
+    x, weight, logits, ids, sizes = problem(rows, vocab, size, seed=rows + 2 * vocab)
+    coefficients, columns = grad_coefficients(*ids, **sizes, logp_grad=logp_grad)
+    out = torch.full((vocab, size), float("nan"), device="cuda")
+    gluon_grad_gemm.grad_t_times_hidden(logits, x, coefficients, columns, out)
+    today, exact = buffer_dw(logits, x, ids, sizes, logp_grad)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, exact) <= 1.25 * rel_err(today, exact) + 1e-6
+    torch.testing.assert_close(out, today, rtol=2e-2, atol=2e-2 * today.abs().max().item())
+
+
+def test_dw_scales_accumulates_and_repeats_bitwise():
+    x, weight, logits, ids, sizes = problem(1000, 776, 1000, seed=4)
+    coefficients, columns = grad_coefficients(*ids, **sizes)
+    once = gluon_grad_gemm.grad_t_times_hidden(logits, x, coefficients, columns, torch.empty(776, 1000, device="cuda"))
+    again = gluon_grad_gemm.grad_t_times_hidden(logits, x, coefficients, columns, torch.empty(776, 1000, device="cuda"),
+                                                num_programs=5)
+    assert torch.equal(once, again)
+    start = torch.randn(776, 1000, device="cuda")
+    summed = gluon_grad_gemm.grad_t_times_hidden(logits, x, coefficients, columns, start.clone(), scale=0.5,
+                                                 accumulate=True)
+    assert torch.equal(summed, start + once * 0.5)  # the same float32 operations: scale·acc, then + out
+    rounded = gluon_grad_gemm.grad_t_times_hidden(logits, x, coefficients, columns,
+                                                  torch.empty(776, 1000, device="cuda", dtype=torch.bfloat16))
+    assert torch.equal(rounded, once.to(torch.bfloat16))

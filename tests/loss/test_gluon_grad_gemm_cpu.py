@@ -125,3 +125,50 @@ def test_bad_operands_are_named(logits, weight, out, match):
     make = lambda rows, cols, dtype: torch.zeros(rows, cols, dtype=dtype)
     with pytest.raises(ValueError, match=match):
         gluon_grad_gemm.check_supported(make(*logits), make(*weight), make(*out))
+
+
+def test_dw_compiles_with_the_transposed_logits_as_the_register_operand(tmp_path):
+    kernel = compile_in_fresh_process("gluon_grad_gemm", "compile_for_target(dw=True)")
+    ptx = kernel["ptx"]
+    register_a = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16 \{[^}]*\}, \{%r", ptx)
+    assert len(register_a) >= 8
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx  # Gᵀ read from the logits tile, transposed
+    assert kernel["num_warps"] == 8 and kernel["shared"] <= H200_SMEM_BYTES
+    from triton import knobs
+
+    (tmp_path / "k.ptx").write_text(ptx)
+    done = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
+                           str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert done.returncode == 0 and "serialized" not in done.stderr, done.stderr
+
+
+def test_target_pairs_by_column_give_the_gradient_row_grads_writes():
+    """dW's K loop adds -s·P at every (row, column); each target pair then replaces it by G there. Found through
+    the sorted pairs and their 64-column segments, that is row_grads' G."""
+    rows, vocab = 130, 1001
+    prob = rows_problem(rows, vocab, seed=11, confident_rows=(0, 5))
+    nll_tokens = int((prob["nll_target"] >= 0).sum())
+    ids = (prob["target"], prob["nll_target"], prob["token"], prob["logp"], prob["nll_logp"], prob["lse"],
+           prob["seq_coef"])
+    coefficients, columns = grad_coefficients(*ids, nll_tokens=nll_tokens, seq_len=prob["seq_len"])
+    column, row, value, starts = gluon_grad_gemm.target_pairs(coefficients, columns, vocab)
+    assert len(starts) == -(-vocab // 64) + 1 and starts[0] == 0
+    assert int(starts[-1]) == int((columns >= 0).sum())  # every pair in a segment, the rows without one past them
+    assert torch.equal(column[: int(starts[-1])], column[: int(starts[-1])].sort().values)
+    shift, neg_s = coefficients[:2].double()
+    grad = neg_s[:, None] * torch.exp2(prob["logits"].double() * math.log2(math.e) - shift[:, None])
+    for block in range(len(starts) - 1):
+        for k in range(int(starts[block]), int(starts[block + 1])):
+            assert block * 64 <= column[k] < (block + 1) * 64
+            grad[row[k], column[k]] = value[k].double()
+    expected = prob["logits"].clone()
+    kernels.row_grads(expected, *ids, nll_tokens=nll_tokens, seq_len=prob["seq_len"])
+    torch.testing.assert_close(grad, expected.double(), rtol=1e-5, atol=1e-7)
+
+
+def test_bad_dw_operands_are_named():
+    logits = torch.zeros(8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"need logits \(C, V\) and hidden \(C, H\)"):
+        gluon_grad_gemm.check_supported_dw(logits, torch.zeros(9, 16, dtype=torch.bfloat16), torch.zeros(64, 16))
+    with pytest.raises(ValueError, match=r"out must be \(64, 16\)"):
+        gluon_grad_gemm.check_supported_dw(logits, torch.zeros(8, 16, dtype=torch.bfloat16), torch.zeros(8, 16))

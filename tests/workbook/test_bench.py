@@ -272,34 +272,54 @@ def test_a_failing_statistics_gemm_leaves_the_buffer_paths_timed(monkeypatch):
     assert aligned["cublas_mm_ms"] > 0 and aligned["cublas_row_stats_ms"] > 0
 
 
-def test_grad_gemm_sweep_on_cpu_times_the_buffer_paths_and_skips_the_gluon_kernel(tmp_path):
+def test_grad_gemm_sweep_on_cpu_times_the_buffer_paths_and_skips_the_gluon_kernels(tmp_path):
     record = bench.main(["--shapes", "2x4", "--hidden", "16", "--vocab", "64", "--reps", "2", "--warmup", "0",
                          "--providers", "fused", "--modes", "eval", "--sweeps", "grad_gemm", "--out", str(tmp_path / "r.json")])
     (row,) = record["sweeps"]["grad_gemm"]
     rows, hidden, vocab = grad_gemm.GRAD_GEMM_CPU_SHAPES[0]
     assert (row["rows"], row["hidden"], row["vocab"], row["dtype"]) == (rows, hidden, vocab, "float32")
     assert row["status"] == "unsupported" and row["error"] is None and row["reps"] == 2
-    for path in ("cublas_dx", "row_grads", "buffer_dx"):
+    for path in ("cublas_dx", "cublas_dw", "row_grads", "buffer"):
         assert 0 < row[f"{path}_min_ms"] <= row[f"{path}_ms"] <= row[f"{path}_max_ms"]
-    assert row["gluon_dx_ms"] is None and row["gluon_dx_rel_err"] is None and row["bitwise_repeatable"] is None
-    assert 0 < row["buffer_dx_rel_err"] < 1e-5  # float32 G against float64
+    for path in ("gluon_dx", "gluon_dw", "gluon"):
+        assert row[f"{path}_ms"] is None
+    assert row["gluon_dx_rel_err"] is None and row["gluon_dw_rel_err"] is None and row["bitwise_repeatable"] is None
+    assert 0 < row["buffer_dx_rel_err"] < 1e-5 and 0 < row["buffer_dw_rel_err"] < 1e-5  # float32 G against float64
     assert row["flops"] == 2 * rows * hidden * vocab and row["buffer_bytes"] == 2 * rows * vocab * 4
+    from synthetic_records import grad_gemm_row
+
+    assert set(row) == set(grad_gemm_row(rows, hidden, vocab, *[1.0] * 7))  # the notebook tests' rows: same keys
 
 
-def test_grad_gemm_sweep_checks_and_times_the_gluon_path_where_it_runs(monkeypatch):
+def test_grad_gemm_sweep_checks_and_times_the_gluon_paths_where_they_run(monkeypatch):
     calls = []
 
-    def buffer_stand_in(logits, weight, ids, sizes, out):  # the Gluon path's result, a little off on its first call
-        calls.append(len(logits))
-        grad = logits.clone()
-        orpo_lib.kernels.row_grads(grad, *ids, **sizes)
-        out.copy_(grad @ weight * (1.001 if len(calls) == 1 else 1.0))
+    def buffer_stand_ins(logits, weight, x, ids, sizes, dx, dw):  # G·W and Gᵀ·X from the buffer path, a little off
+        def grads():
+            calls.append(len(logits))
+            grad = logits.clone()
+            orpo_lib.kernels.row_grads(grad, *ids, **sizes)
+            return grad * (1.001 if len(calls) == 1 else 1.0)
+
+        def gluon_dx():
+            dx.copy_(grads() @ weight)
+
+        def gluon_dw():
+            dw.copy_(grads().t() @ x)
+
+        def gluon():
+            grad = grads()
+            dx.copy_(grad @ weight)
+            dw.copy_(grad.t() @ x)
+
+        return {"gluon_dx": gluon_dx, "gluon_dw": gluon_dw, "gluon": gluon}
 
     monkeypatch.setattr(grad_gemm, "gluon_supported", lambda device, dtype: True)
-    monkeypatch.setattr(grad_gemm, "gluon_dx_call", buffer_stand_in)
+    monkeypatch.setattr(grad_gemm, "gluon_calls", buffer_stand_ins)
     (row,) = grad_gemm.grad_gemm_sweep(torch.device("cpu"), [(6, 16, 48)], torch.float32, warmup=1, reps=2)
     assert row["status"] == "ok" and row["error"] is None
-    assert row["gluon_dx_rel_err"] < 1e-5 and row["bitwise_repeatable"] is False  # its two checked runs differ
-    assert calls == [6] * 5  # the check's two runs, one warm-up and two timed repetitions
+    assert row["gluon_dx_rel_err"] < 1e-5 and row["gluon_dw_rel_err"] < 1e-5
+    assert row["bitwise_repeatable"] is False  # its two checked runs differ
+    assert calls == [6] * 2 + [6] * 9  # the check's two runs, then one warm-up and two timed reps of three paths
     for path in grad_gemm.GRAD_GEMM_PATHS:
         assert 0 < row[f"{path}_min_ms"] <= row[f"{path}_ms"] <= row[f"{path}_max_ms"]
