@@ -323,3 +323,17 @@ def test_grad_gemm_sweep_checks_and_times_the_gluon_paths_where_they_run(monkeyp
     assert calls == [6] * 2 + [6] * 9  # the check's two runs, then one warm-up and two timed reps of three paths
     for path in grad_gemm.GRAD_GEMM_PATHS:
         assert 0 < row[f"{path}_min_ms"] <= row[f"{path}_ms"] <= row[f"{path}_max_ms"]
+
+
+def test_the_record_is_on_disk_before_the_gradient_gemms_run(monkeypatch, tmp_path):
+    out = tmp_path / "r.json"
+
+    def killed(*args, **kwargs):  # stands in for a kernel that hangs until the process is killed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "grad_gemm_sweep", killed)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--shapes", "2x4", "--hidden", "16", "--vocab", "64", "--reps", "1", "--warmup", "0",
+                    "--providers", "fused", "--modes", "eval", "--sweeps", "grad_gemm,stats_gemm", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert set(written["sweeps"]) == {"stats_gemm"} and written["results"]
