@@ -426,9 +426,10 @@ def grad_times_weight(logits, weight, coefficients, columns, out, *, num_program
 def target_pairs(coefficients, columns, vocab: int):
     """The rows' target columns for ``grad_t_times_hidden``, found by column: (column, row, G there) of every pair,
     sorted by column (a stable sort: the same order every call), and where the pairs of each 64 columns begin
-    (int32, ``ceil(V / 64) + 1``). Rows without a column sort past every block; nothing is read back to the host."""
+    (int32, one per warpgroup's 64 columns of every tile, past V too, and one more). Rows without a column sort past
+    every block; nothing is read back to the host."""
     rows = columns.shape[1]
-    blocks = -(-vocab // PAIR_BLOCK)
+    blocks = -(-vocab // BLOCK_M) * (BLOCK_M // PAIR_BLOCK)
     column = torch.where(columns >= 0, columns, blocks * PAIR_BLOCK).reshape(-1)
     column, order = torch.sort(column, stable=True)
     starts = torch.arange(0, blocks + 1, device=columns.device, dtype=column.dtype) * PAIR_BLOCK
