@@ -35,7 +35,7 @@ from .._triton_mode import INTERPRET
 from ..baseline import orpo_loss_baseline
 from ..chunked.gemms import accumulate_mm
 from ..fused import fused_linear_orpo_loss
-from .grad_gemm import GRAD_GEMM_CPU_SHAPES, GRAD_GEMM_SHAPES, grad_gemm_sweep
+from .grad_gemm import GRAD_GEMM_CPU_SHAPES, GRAD_GEMM_SHAPES, gluon_supported, grad_gemm_sweep
 from .memory import LEAN_CHUNK_ROWS, fused_chunk_rows
 from .timing import elapsed_ms, record_failure, stand_in_model, time_call, time_interleaved, time_summary
 
@@ -460,11 +460,8 @@ STATS_GEMM_CPU_SHAPES = [(24, 40, 272)]
 STATS_GEMM_PATHS = ("cublas_mm", "cublas_row_stats", "stats_gemm")
 
 
-def stats_gemm_supported(device, dtype) -> bool:
-    """Whether the Gluon statistics GEMM (``kernels.gluon_row_stats``) runs here: compiled kernels on a Hopper GPU
-    (capability 9.0: wgmma and TMA) with bf16 or fp16 operands."""
-    return (device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) == (9, 0)
-            and dtype in (torch.bfloat16, torch.float16))
+# Whether the Gluon statistics GEMM (``kernels.gluon_row_stats``) runs here: where every Gluon GEMM does.
+stats_gemm_supported = gluon_supported
 
 
 def stats_gemm_call(x, weight, target, nll_target, token, stats) -> None:

@@ -33,7 +33,8 @@ CHECKED_ROWS = 512  # of each shape, against float64
 
 
 def gluon_supported(device, dtype) -> bool:
-    """Whether the Gluon GEMMs run here: compiled kernels on a Hopper GPU with bf16 or fp16 operands."""
+    """Whether the Gluon GEMMs run here: compiled kernels on a Hopper GPU (capability 9.0: wgmma and TMA) with bf16
+    or fp16 operands."""
     return (device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) == (9, 0)
             and dtype in (torch.bfloat16, torch.float16))
 
@@ -94,7 +95,7 @@ class _Paths:
     """Every path of one shape over the same inputs, writing into buffers of its own."""
 
     def __init__(self, x, weight, logits, ids, sizes, gluon: bool):
-        self.x, self.weight, self.logits, self.ids, self.sizes = x, weight, logits, ids, sizes
+        self.x, self.ids, self.sizes = x, ids, sizes
         self.head = gemms.gemm_head(weight, None)
         self.grad = gemms.new_logits_buffer(*logits.shape, logits)  # the buffer path's, rewritten into G
         gemms.with_padding(self.grad).copy_(gemms.with_padding(logits))
@@ -102,8 +103,8 @@ class _Paths:
         self.dw = torch.empty(weight.shape, device=x.device, dtype=torch.float32)
         self.calls = {"cublas_dx": self.cublas_dx, "cublas_dw": self.cublas_dw, "row_grads": self.row_grads,
                       "buffer": self.buffer}
-        self.gluon_dx, self.gluon_dw = torch.empty_like(self.dx), torch.empty_like(self.dw)
-        if gluon:
+        if gluon:  # (their outputs: a dW of float32 is (V, H), gigabytes at a large vocabulary)
+            self.gluon_dx, self.gluon_dw = torch.empty_like(self.dx), torch.empty_like(self.dw)
             self.calls |= gluon_calls(logits, weight, x, ids, sizes, self.gluon_dx, self.gluon_dw)
 
     def row_grads(self):  # (on G itself from the second call on: the same reads, writes and exps)

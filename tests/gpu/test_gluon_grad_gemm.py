@@ -47,9 +47,9 @@ def problem(rows, vocab, size, seed, dtype=torch.bfloat16):
     return x, weight, logits, ids, dict(nll_tokens=int((nll_target >= 0).sum()), seq_len=seq_len)
 
 
-def buffer_path(logits, weight, ids, sizes, logp_grad=False):
-    """G·W as the loss forms it today, row_grads rewriting the buffer into G (rounded to its dtype) and a GEMM
-    summing G·W in float32; and in float64, from float64 statistics of the same logits."""
+def buffer_grads(logits, ids, sizes, logp_grad=False):
+    """G as the loss forms it today, row_grads rewriting the buffer (rounded to its dtype), and in float64 from
+    float64 statistics of the same logits."""
     target, nll_target, token, logp, nll_logp, lse, seq_coef = ids
     exact = logits.double()
     stats = [torch.zeros_like(logp, dtype=torch.float64) for _ in range(4)]
@@ -61,11 +61,25 @@ def buffer_path(logits, weight, ids, sizes, logp_grad=False):
             kernels.row_logp_grads(grad, target, token, logp_of, lse_of)
         else:
             kernels.row_grads(grad, target, nll_target, token, logp_of, nll_logp_of, lse_of, coef, **sizes)
+    return today, exact
+
+
+def buffer_path(logits, weight, ids, sizes, logp_grad=False):
+    """G·W as the loss forms it today (a GEMM summing in float32), and in float64."""
+    today, exact = buffer_grads(logits, ids, sizes, logp_grad)
     return gemms.mm(today, weight, torch.float32), exact @ weight.double()
 
 
 def rel_err(got, ref):
     return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+def assert_as_accurate_as_the_buffer_path(out, today, exact):
+    """The Gluon GEMM's result against the buffer path's (which rounds the same G to bf16 once, and sums in float32
+    in another order) and against float64."""
+    assert torch.isfinite(out).all()
+    assert rel_err(out, exact) <= 1.25 * rel_err(today, exact) + 1e-6
+    torch.testing.assert_close(out, today, rtol=2e-2, atol=2e-2 * today.abs().max().item())
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -76,11 +90,7 @@ def test_matches_the_buffer_path_and_float64(shape, logp_grad):
     coefficients, columns = grad_coefficients(*ids, **sizes, logp_grad=logp_grad)
     out = torch.full((rows, size), float("nan"), device="cuda")
     gluon_grad_gemm.grad_times_weight(logits, weight, coefficients, columns, out)
-    today, exact = buffer_path(logits, weight, ids, sizes, logp_grad)
-    assert torch.isfinite(out).all()
-    # as accurate as the buffer path, which rounds the same G to bf16 once (its float32 sum, in another order)
-    assert rel_err(out, exact) <= 1.25 * rel_err(today, exact) + 1e-6
-    torch.testing.assert_close(out, today, rtol=2e-2, atol=2e-2 * today.abs().max().item())
+    assert_as_accurate_as_the_buffer_path(out, *buffer_path(logits, weight, ids, sizes, logp_grad))
 
 
 def test_bitwise_repeatable_and_rounded_once_to_bf16():
@@ -105,20 +115,8 @@ def test_fewer_programs_than_tiles():
 
 
 def buffer_dw(logits, x, ids, sizes, logp_grad=False):
-    """Gᵀ·X as the loss forms it today (float32 sum over the buffer rewritten into G), and in float64."""
-    target, nll_target, token, logp, nll_logp, lse, seq_coef = ids
-    today = logits.clone()
-    if logp_grad:
-        kernels.row_logp_grads(today, target, token, logp, lse)
-    else:
-        kernels.row_grads(today, target, nll_target, token, logp, nll_logp, lse, seq_coef, **sizes)
-    exact = logits.double()
-    stats = [torch.zeros_like(logp, dtype=torch.float64) for _ in range(4)]
-    kernels.row_stats(exact, target, nll_target, token, *stats)
-    if logp_grad:
-        kernels.row_logp_grads(exact, target, token, stats[0], stats[3])
-    else:
-        kernels.row_grads(exact, target, nll_target, token, stats[0], stats[1], stats[3], seq_coef.double(), **sizes)
+    """Gᵀ·X as the loss forms it today (a float32 sum over G), and in float64."""
+    today, exact = buffer_grads(logits, ids, sizes, logp_grad)
     return gemms.mm(today.t(), x, torch.float32), exact.t() @ x.double()
 
 
@@ -130,10 +128,7 @@ def test_dw_matches_the_buffer_path_and_float64(shape, logp_grad):
     coefficients, columns = grad_coefficients(*ids, **sizes, logp_grad=logp_grad)
     out = torch.full((vocab, size), float("nan"), device="cuda")
     gluon_grad_gemm.grad_t_times_hidden(logits, x, coefficients, columns, out)
-    today, exact = buffer_dw(logits, x, ids, sizes, logp_grad)
-    assert torch.isfinite(out).all()
-    assert rel_err(out, exact) <= 1.25 * rel_err(today, exact) + 1e-6
-    torch.testing.assert_close(out, today, rtol=2e-2, atol=2e-2 * today.abs().max().item())
+    assert_as_accurate_as_the_buffer_path(out, *buffer_dw(logits, x, ids, sizes, logp_grad))
 
 
 def test_dw_scales_accumulates_and_repeats_bitwise():
