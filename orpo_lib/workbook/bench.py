@@ -766,13 +766,12 @@ def main(argv=None):
     kind = "busy-gpu" if args.busy_gpu else "bench"
     out = Path(args.out) if args.out else Path("build") / (
         f"{kind}-{datetime.date.today().isoformat()}-{device_slug(device)}.json")
-    # The gradient GEMMs' sweep runs last, after the record is written once without it: should its kernels hang on
-    # a GPU they have not run on, the process is killed with the rest of the record on disk.
-    record["sweeps"] = run_sweeps([s for s in args.sweeps if s != "grad_gemm"], sweep_workload, device,
-                                  warmup=warmup, reps=reps)
+    # The record is written after the results and again after each sweep (the gradient GEMMs' last): a run killed
+    # at a time limit, or by a kernel that hangs on a GPU it has not run on, leaves what it measured on disk.
+    record["sweeps"] = {}
     write_json(out, record)
-    if "grad_gemm" in args.sweeps:
-        record["sweeps"] |= run_sweeps(["grad_gemm"], sweep_workload, device, warmup=warmup, reps=reps)
+    for sweep in sorted(args.sweeps, key=SWEEPS.index):
+        record["sweeps"] |= run_sweeps([sweep], sweep_workload, device, warmup=warmup, reps=reps)
         write_json(out, record)
     print(summary_table(record))
     print(f"record: {out}")
