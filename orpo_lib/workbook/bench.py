@@ -460,10 +460,6 @@ STATS_GEMM_CPU_SHAPES = [(24, 40, 272)]
 STATS_GEMM_PATHS = ("cublas_mm", "cublas_row_stats", "stats_gemm")
 
 
-# Whether the Gluon statistics GEMM (``kernels.gluon_row_stats``) runs here: where every Gluon GEMM does.
-stats_gemm_supported = gluon_supported
-
-
 def stats_gemm_call(x, weight, target, nll_target, token, stats) -> None:
     """The Gluon statistics GEMM into ``stats`` (logp, nll_logp, logit_sum, lse), as a no-grad call of the library
     runs it: no logits stored."""
@@ -485,7 +481,7 @@ def stats_gemm_bytes(rows: int, vocab: int, itemsize: int) -> dict:
 
 def stats_gemm_sweep(device, shapes, dtype: str = "bf16", *, warmup, reps) -> list:
     """The row statistics of X·Wᵀ at each (rows, hidden, vocab), three ways on the same inputs, timed interleaved
-    (``STATS_GEMM_PATHS``). The Gluon path runs where ``stats_gemm_supported``; elsewhere the row's status is
+    (``STATS_GEMM_PATHS``). The Gluon path runs where ``grad_gemm.gluon_supported``; elsewhere the row's status is
     "unsupported" and its times are None. Its statistics are checked against the buffer path's: the largest
     absolute difference of the log-sum-exp and of the two target log-probs. Every token counts, with its
     odds-ratio target as its NLL target (the library's default labels). One row per shape, with the bytes of
@@ -493,7 +489,7 @@ def stats_gemm_sweep(device, shapes, dtype: str = "bf16", *, warmup, reps) -> li
     no-grad call of that many kept rows through the Gluon kernel on this GPU. A shape that fails is recorded with
     its status ("oom", "error") and what was measured before the failure."""
     torch_dtype = DTYPES[dtype]
-    gluon = stats_gemm_supported(device, torch_dtype)
+    gluon = gluon_supported(device, torch_dtype)
     rows_out = []
     for rows, hidden, vocab in shapes:
         row = {"rows": rows, "hidden": hidden, "vocab": vocab, "dtype": dtype,

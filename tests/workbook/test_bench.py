@@ -248,7 +248,7 @@ def _statistics_from_a_buffer(shift_lse=0.0, shift_nll_logp=0.0, calls=None):
 
 def test_stats_gemm_sweep_checks_and_times_the_statistics_gemm_where_it_runs(monkeypatch):
     calls = []
-    monkeypatch.setattr(bench, "stats_gemm_supported", lambda device, dtype: True)
+    monkeypatch.setattr(bench, "gluon_supported", lambda device, dtype: True)
     monkeypatch.setattr(bench, "stats_gemm_call", _statistics_from_a_buffer(0.25, 0.5, calls))
     (row,) = bench.stats_gemm_sweep(torch.device("cpu"), [(6, 16, 48)], "fp32", warmup=1, reps=2)
     assert row["status"] == "ok" and row["error"] is None
@@ -263,7 +263,7 @@ def test_a_failing_statistics_gemm_leaves_the_buffer_paths_timed(monkeypatch):
     def fails(*args):
         raise RuntimeError("no wgmma here")
 
-    monkeypatch.setattr(bench, "stats_gemm_supported", lambda device, dtype: True)
+    monkeypatch.setattr(bench, "gluon_supported", lambda device, dtype: True)
     monkeypatch.setattr(bench, "stats_gemm_call", fails)
     odd, aligned = bench.stats_gemm_sweep(torch.device("cpu"), [(6, 16, 50), (6, 16, 48)], "fp32", warmup=0, reps=1)
     assert odd["status"] == "error" and "multiple of 16" in odd["error"] and odd["cublas_mm_ms"] is None
